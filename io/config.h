@@ -16,6 +16,7 @@ struct Yarn {
   double factor = 1.0;
   int64_t original_max_position = 0;
   double beta_fast = 32.0, beta_slow = 1.0;
+  bool operator==(const Yarn&) const = default;
 };
 
 struct ModelConfig {
@@ -43,6 +44,7 @@ struct ModelConfig {
   bool is_hash_layer(int64_t layer) const { return layer < num_hash_layers; }
   // Validates cross-field constraints (spec §9); throws Error naming the field.
   void validate() const;
+  bool operator==(const ModelConfig&) const = default;
 };
 
 // Parse from JSON text / a file. Unsupported values (a compress ratio other than 0/4/128 in the
