@@ -1,0 +1,84 @@
+#include "model/model.h"
+
+#include <algorithm>
+#include <set>
+
+#include "backend/cpu/linear.h"
+#include "backend/cpu/ops.h"
+#include "core/error.h"
+#include "model/attention.h"
+#include "model/batch.h"
+#include "model/mhc.h"
+#include "model/moe.h"
+
+namespace dsv4 {
+
+Model::Model(ModelWeights weights)
+    : w_(std::move(weights)),
+      rope_swa_(make_rope_freqs(w_.config, false)),
+      rope_compressed_(make_rope_freqs(w_.config, true)) {}
+
+std::vector<float> Model::forward(std::span<const SequenceChunk> chunks, bool all_logits) {
+  const ModelConfig& cfg = w_.config;
+  const int64_t d = cfg.hidden_size, n = cfg.hc_mult, V = cfg.vocab_size;
+  const float eps = static_cast<float>(cfg.rms_norm_eps);
+
+  BatchRows b;
+  std::set<const SequenceState*> seen;
+  for (const auto& c : chunks) {
+    DSV4_CHECK(c.state && seen.insert(c.state).second, "forward: each sequence may appear once per call");
+    DSV4_CHECK(c.state->layers.size() == static_cast<size_t>(cfg.num_layers), "forward: state of another model");
+    DSV4_CHECK(!c.tokens.empty(), "forward: empty chunk");
+    b.segs.push_back({c.state, b.rows, static_cast<int64_t>(c.tokens.size()), c.state->pos});
+    for (size_t i = 0; i < c.tokens.size(); ++i) {
+      const int32_t t = c.tokens[i];
+      DSV4_CHECK(t >= 0 && t < V, "token id ", t, " out of range [0, ", V, ")");
+      b.token.push_back(t);
+      b.pos.push_back(c.state->pos + static_cast<int64_t>(i));
+    }
+    b.rows += static_cast<int64_t>(c.tokens.size());
+  }
+  const int64_t R = b.rows;
+
+  // Residual streams: n copies of the embedding.
+  std::vector<float> X(R * n * d), u(R * d), F(R * d), e(d);
+  for (int64_t r = 0; r < R; ++r) {
+    cpu::dequant_row(w_.embed, b.token[r], e.data());
+    for (int64_t i = 0; i < n; ++i) std::copy(e.begin(), e.end(), X.begin() + (r * n + i) * d);
+  }
+
+  HcMix mix;
+  for (size_t li = 0; li < w_.layers.size(); ++li) {
+    const LayerWeights& L = w_.layers[li];
+    const RopeFreqs& rope = L.kind == AttnKind::SWA ? rope_swa_ : rope_compressed_;
+    hc_pre(L.hc_attn, cfg, X.data(), R, mix, u.data());
+    cpu::rms_norm(u.data(), L.attn_norm.data(), u.data(), R, d, eps);
+    attention_forward(L, li, cfg, rope, b, u.data(), F.data());
+    hc_post(mix, F.data(), X.data(), R, n, d);
+
+    hc_pre(L.hc_ffn, cfg, X.data(), R, mix, u.data());
+    cpu::rms_norm(u.data(), L.ffn_norm.data(), u.data(), R, d, eps);
+    moe_forward(L.ffn, cfg, L.hash, b, u.data(), F.data());
+    hc_post(mix, F.data(), X.data(), R, n, d);
+  }
+  for (const auto& s : b.segs) s.state->pos += s.n;
+
+  // Head on every row, or on each chunk's last row.
+  std::vector<int64_t> out_rows;
+  for (const auto& s : b.segs) {
+    if (all_logits) {
+      for (int64_t i = 0; i < s.n; ++i) out_rows.push_back(s.row0 + i);
+    } else {
+      out_rows.push_back(s.row0 + s.n - 1);
+    }
+  }
+  const int64_t O = static_cast<int64_t>(out_rows.size());
+  std::vector<float> Xo(O * n * d), h(O * d), logits(O * V);
+  for (int64_t i = 0; i < O; ++i) std::copy_n(X.data() + out_rows[i] * n * d, n * d, Xo.data() + i * n * d);
+  hc_head(w_.hc_head, cfg, Xo.data(), O, h.data());
+  cpu::rms_norm(h.data(), w_.norm.data(), h.data(), O, d, eps);
+  cpu::linear(w_.head, h.data(), O, logits.data());
+  return logits;
+}
+
+}  // namespace dsv4

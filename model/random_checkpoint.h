@@ -1,0 +1,25 @@
+// Random checkpoints in the official layout (spec/model.md §3, §10): FP8 128×128-block linears
+// with E8M0 scales, FP4 experts with per-32 E8M0 scales, plus the dequantised BF16 twin that the
+// oracle (HF transformers, fp32) loads. Deterministic in (config, seed) on any machine.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "io/config.h"
+
+namespace dsv4 {
+
+struct RandomCheckpointOptions {
+  uint64_t seed = 1;
+  bool with_mtp = true;  // write mtp.{j}.* when num_nextn_predict_layers > 0
+};
+
+// Writes `dir/config.json` + safetensors: quantised when `quantized`, else the dequantised twin
+// (same names, BF16 linears and experts, no quantization_config). Both share the same values.
+void write_random_checkpoint(const ModelConfig& cfg, const std::string& dir, bool quantized,
+                             const RandomCheckpointOptions& opt);
+
+// The built-in tiny configuration shipped as models/tiny (every layer kind, hash layers, YaRN).
+ModelConfig tiny_config();
+
+}  // namespace dsv4

@@ -1,0 +1,27 @@
+// `dsv4 generate`: prefill a prompt of token ids, then decode greedily or with seeded sampling.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/model.h"
+
+namespace dsv4 {
+
+struct GenerateOptions {
+  std::vector<int32_t> prompt;
+  int64_t max_new_tokens = 16;
+  float temperature = 0.0f;  // 0 = greedy
+  float top_p = 1.0f;
+  int64_t top_k = 0;         // 0 = off
+  uint64_t seed = 0;
+  int64_t prefill_chunk = 0; // 0 = whole prompt at once
+  bool stop_at_eos = true;
+};
+
+std::vector<int32_t> generate(Model& model, const GenerateOptions& opt);
+
+// Picks a token from logits: argmax when temperature == 0, else seeded top-k/top-p sampling.
+int32_t sample_token(const float* logits, int64_t vocab, const GenerateOptions& opt, uint64_t step);
+
+}  // namespace dsv4

@@ -1,0 +1,109 @@
+// dsv4 command line: make-tiny | generate | inspect.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <iostream>
+#include <sstream>
+
+#include "core/error.h"
+#include "io/config.h"
+#include "io/safetensors.h"
+#include "model/model.h"
+#include "model/random_checkpoint.h"
+#include "model/weights.h"
+#include "tools/generate.h"
+
+using namespace dsv4;
+
+namespace {
+
+std::vector<int32_t> parse_ids(const std::string& s) {
+  std::vector<int32_t> ids;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (item.empty()) continue;
+    size_t used = 0;
+    long v = std::stol(item, &used);
+    DSV4_CHECK(used == item.size(), "--prompt-ids: not an integer: '", item, "'");
+    ids.push_back(static_cast<int32_t>(v));
+  }
+  return ids;
+}
+
+std::string default_model_dir() {
+#ifdef DSV4_SOURCE_DIR
+  return std::string(DSV4_SOURCE_DIR) + "/models/tiny";
+#else
+  return "models/tiny";
+#endif
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"dsv4: DeepSeek-V4 inference engine"};
+  app.require_subcommand(1);
+
+  auto* tiny = app.add_subcommand("make-tiny", "write a random tiny checkpoint (official layout) and its dequantised twin");
+  std::string tiny_out, tiny_deq, tiny_cfg;
+  uint64_t tiny_seed = 1;
+  bool tiny_no_mtp = false;
+  tiny->add_option("--out", tiny_out, "output folder (quantised FP8/FP4 checkpoint)")->required();
+  tiny->add_option("--dequant-out", tiny_deq, "output folder for the dequantised BF16 twin");
+  tiny->add_option("--config", tiny_cfg, "config.json to use instead of the built-in tiny config");
+  tiny->add_option("--seed", tiny_seed, "random seed");
+  tiny->add_flag("--no-mtp", tiny_no_mtp, "omit the mtp.* tensors");
+
+  auto* gen = app.add_subcommand("generate", "generate tokens from prompt token ids");
+  std::string gen_model = default_model_dir(), gen_ids = "0,1,2,3", gen_device = "cpu";
+  GenerateOptions gopt;
+  gen->add_option("--model", gen_model, "checkpoint folder")->capture_default_str();
+  gen->add_option("--prompt-ids", gen_ids, "comma-separated token ids")->capture_default_str();
+  gen->add_option("--max-new-tokens", gopt.max_new_tokens)->capture_default_str();
+  gen->add_option("--temperature", gopt.temperature, "0 = greedy")->capture_default_str();
+  gen->add_option("--top-p", gopt.top_p)->capture_default_str();
+  gen->add_option("--top-k", gopt.top_k)->capture_default_str();
+  gen->add_option("--seed", gopt.seed)->capture_default_str();
+  gen->add_option("--prefill-chunk", gopt.prefill_chunk, "prefill in chunks of this many tokens")->capture_default_str();
+  gen->add_option("--device", gen_device, "cpu")->capture_default_str();
+
+  auto* insp = app.add_subcommand("inspect", "validate a checkpoint folder and print its layout");
+  std::string insp_model = default_model_dir();
+  insp->add_option("--model", insp_model)->capture_default_str();
+
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (*tiny) {
+      ModelConfig cfg = tiny_cfg.empty() ? tiny_config() : load_config(tiny_cfg);
+      RandomCheckpointOptions opt{tiny_seed, !tiny_no_mtp};
+      write_random_checkpoint(cfg, tiny_out, true, opt);
+      if (!tiny_deq.empty()) write_random_checkpoint(cfg, tiny_deq, false, opt);
+      std::printf("wrote %s%s%s\n", tiny_out.c_str(), tiny_deq.empty() ? "" : " and ", tiny_deq.c_str());
+    } else if (*gen) {
+      DSV4_CHECK(gen_device == "cpu", "--device ", gen_device, ": unsupported in this build (cpu only)");
+      gopt.prompt = parse_ids(gen_ids);
+      Model model(load_weights(gen_model));
+      std::vector<int32_t> out = generate(model, gopt);
+      for (size_t i = 0; i < out.size(); ++i) std::printf("%s%d", i ? "," : "", out[i]);
+      std::printf("\n");
+    } else if (*insp) {
+      ModelWeights w = load_weights(insp_model);
+      const ModelConfig& c = w.config;
+      std::printf("layers %lld, hidden %lld, heads %lld x %lld, experts %lld top-%lld, vocab %lld, mtp %zu\n",
+                  (long long)c.num_layers, (long long)c.hidden_size, (long long)c.num_heads, (long long)c.head_dim,
+                  (long long)c.n_routed_experts, (long long)c.num_experts_per_tok, (long long)c.vocab_size,
+                  w.mtp.size());
+      for (size_t i = 0; i < w.layers.size(); ++i) {
+        const auto& L = w.layers[i];
+        std::printf("  layer %zu: %s ratio %lld%s\n", i,
+                    L.kind == AttnKind::SWA ? "SWA" : L.kind == AttnKind::CSA ? "CSA" : "HCA", (long long)L.ratio,
+                    L.hash ? " hash-routed" : "");
+      }
+      std::printf("tensors %zu\n", w.checkpoint->tensors().size());
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dsv4: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
