@@ -23,8 +23,13 @@ std::vector<int32_t> parse_ids(const std::string& s) {
   while (std::getline(ss, item, ',')) {
     if (item.empty()) continue;
     size_t used = 0;
-    long v = std::stol(item, &used);
-    DSV4_CHECK(used == item.size(), "--prompt-ids: not an integer: '", item, "'");
+    long v = 0;
+    try {
+      v = std::stol(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    DSV4_CHECK(used == item.size() && used > 0, "--prompt-ids: not an integer: '", item, "'");
     ids.push_back(static_cast<int32_t>(v));
   }
   return ids;
