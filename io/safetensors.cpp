@@ -158,6 +158,7 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
       if (!it.value().is_string()) fail(index.string(), ": weight_map entry '", it.key(), "' must be a file name");
       wanted[it.key()] = it.value().get<std::string>();
     }
+    if (wanted.empty()) fail(index.string(), ": weight_map lists no tensors");
     for (const auto& [name, shard] : wanted) {
       if (std::find(shards.begin(), shards.end(), shard) != shards.end()) continue;
       if (!fs::exists(fs::path(dir) / shard))

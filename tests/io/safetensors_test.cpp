@@ -169,7 +169,11 @@ TEST(Safetensors, IndexNamingTensorTheShardLacks) {
 TEST(Safetensors, BadIndexJson) {
   TempDir dir;
   std::ofstream(dir.file("model.safetensors.index.json")) << "{weight_map";
-  EXPECT_ERROR_HAS(Checkpoint(dir.str()), "model.safetensors.index.json");
+  EXPECT_ERROR_HAS(Checkpoint(dir.str()), "model.safetensors.index.json", "JSON");
+  std::ofstream(dir.file("model.safetensors.index.json")) << R"({"metadata": {}})";
+  EXPECT_ERROR_HAS(Checkpoint(dir.str()), "weight_map");
+  std::ofstream(dir.file("model.safetensors.index.json")) << R"({"weight_map": {}})";
+  EXPECT_ERROR_HAS(Checkpoint(dir.str()), "no tensors");
 }
 
 TEST(Safetensors, TruncatedFileNamesFileAndFirstTensorOutside) {
