@@ -1,0 +1,55 @@
+#include "backend/cuda/check.h"
+#include "backend/cuda/device.h"
+
+namespace dsv4::cuda {
+
+bool available() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no driver" error
+    return false;
+  }
+  return n > 0;
+}
+
+DeviceBuffer::DeviceBuffer(size_t bytes) : bytes_(bytes) {
+  if (bytes) DSV4_CUDA_CHECK(cudaMalloc(&ptr_, bytes));
+}
+
+DeviceBuffer::~DeviceBuffer() {
+  if (ptr_) cudaFree(ptr_);
+}
+
+DeviceBuffer::DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) {
+  o.ptr_ = nullptr;
+  o.bytes_ = 0;
+}
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
+  if (this != &o) {
+    if (ptr_) cudaFree(ptr_);
+    ptr_ = o.ptr_;
+    bytes_ = o.bytes_;
+    o.ptr_ = nullptr;
+    o.bytes_ = 0;
+  }
+  return *this;
+}
+
+void DeviceBuffer::upload(const void* host, size_t bytes, size_t offset) {
+  DSV4_CHECK(offset + bytes <= bytes_, "DeviceBuffer::upload out of range");
+  DSV4_CUDA_CHECK(cudaMemcpy(static_cast<char*>(ptr_) + offset, host, bytes, cudaMemcpyHostToDevice));
+}
+
+void DeviceBuffer::download(void* host, size_t bytes, size_t offset) const {
+  DSV4_CHECK(offset + bytes <= bytes_, "DeviceBuffer::download out of range");
+  DSV4_CUDA_CHECK(cudaMemcpy(host, static_cast<const char*>(ptr_) + offset, bytes, cudaMemcpyDeviceToHost));
+}
+
+void DeviceBuffer::fill_bytes(uint8_t value) {
+  if (bytes_) DSV4_CUDA_CHECK(cudaMemset(ptr_, value, bytes_));
+}
+
+void synchronize() { DSV4_CUDA_CHECK(cudaDeviceSynchronize()); }
+
+}  // namespace dsv4::cuda

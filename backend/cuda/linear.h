@@ -1,0 +1,39 @@
+// CUDA linears over stored weights (dense BF16/F32, FP8 128×128 block, FP4 per-32 group).
+// Two precisions:
+//  * exact: fp32 math on weights dequantised in registers (twin of backend/cpu/linear.cpp,
+//    matches it to fp32 rounding) — the path checked against the oracle goldens;
+//  * fast: FP8 block-scaled tensor-core GEMM through cuBLASLt for FP8 weights (activations
+//    quantised per 1×128 block with power-of-two scales, as the official demo), bf16 tensor
+//    cores for BF16 weights, FP4 read from memory and upcast on chip — compared statistically.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+
+#include "backend/weight_view.h"
+
+namespace dsv4::cuda {
+
+enum class Precision { Exact, Fast };
+
+// y[r, o - row_begin] = Σ_k W[o, k] x[r, k] for o in [row_begin, row_end); ldx/ldy row strides.
+void linear_exact(const WeightView& w, const float* x, int64_t rows, float* y, int64_t row_begin, int64_t row_end,
+                  int64_t ldx, int64_t ldy, cudaStream_t s);
+
+// Holds the cuBLASLt handle, workspace and scratch (quantised activations, scales); one per stream.
+class FastLinear {
+ public:
+  FastLinear();
+  ~FastLinear();
+  FastLinear(const FastLinear&) = delete;
+  FastLinear& operator=(const FastLinear&) = delete;
+  void run(const WeightView& w, const float* x, int64_t rows, float* y, int64_t row_begin, int64_t row_end,
+           int64_t ldx, int64_t ldy, cudaStream_t s);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dsv4::cuda

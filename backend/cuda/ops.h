@@ -1,0 +1,119 @@
+// CUDA kernels of the DeepSeek-V4 forward, one host function each. Every pointer is a device
+// pointer; every call enqueues on `stream` and checks the launch. Activations are fp32 (the CPU
+// reference's layout), so each op has a CPU twin in backend/cpu or model/ and a parity test.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backend/weight_view.h"
+
+namespace dsv4::cuda {
+
+// ---- elementwise / normalisation -------------------------------------------------------------
+
+// X[r, i, :] = dequant(table[tok[r], :]) for i < copies (mHC stream expansion).
+void embed(const WeightView& table, const int32_t* tok, int64_t rows, int64_t copies, float* X, cudaStream_t s);
+
+// y = gamma ⊙ x / sqrt(mean(x²) + eps) per row of n; gamma == nullptr: unweighted. In place OK.
+void rms_norm(const float* x, const float* gamma, float* y, int64_t rows, int64_t n, float eps, cudaStream_t s);
+
+// x [rows, heads, len]: interleaved-pair RoPE on the last 2*pairs channels of each head at
+// angle pos[r] * inv_freq[i] (fp32 angle, as the reference), negated when inverse.
+void rope(float* x, int64_t rows, int64_t heads, int64_t len, const float* inv_freq, int64_t pairs,
+          const int64_t* pos, bool inverse, cudaStream_t s);
+
+// ---- mHC (model/mhc.h is the twin) ---------------------------------------------------------------
+
+struct HcParams {
+  const float* fn;     // [(2+n)n, n*d] (sub-layer) or [n, n*d] (head)
+  const float* base;   // [(2+n)n] or [n]
+  const float* scale;  // [3] or [1]
+};
+
+// pre/post [R, n], comb [R, n, n] (Sinkhorn, `iters` rounds), u [R, d] = Σ pre_i X_i.
+void hc_pre(const HcParams& p, const float* X, int64_t R, int64_t n, int64_t d, int64_t iters, float hc_eps,
+            float rms_eps, float* pre, float* post, float* comb, float* u, cudaStream_t s);
+// X'[k] = post_k F + Σ_j comb[j][k] X[j], in place.
+void hc_post(const float* post, const float* comb, const float* F, float* X, int64_t R, int64_t n, int64_t d,
+             cudaStream_t s);
+// h [R, d] = Σ_i (σ(scale·μ_i + base_i) + hc_eps) X_i.
+void hc_head(const HcParams& p, const float* X, int64_t R, int64_t n, int64_t d, float hc_eps, float rms_eps, float* h,
+             cudaStream_t s);
+
+// ---- rings and compressor (model/compressor.cpp is the twin) ---------------------------------
+
+// Stores rows of positions [max(p0, p0+n-ring_rows), p0+n) at slot p % ring_rows.
+void ring_store(const float* rows, int64_t n, int64_t width, int64_t p0, float* ring, int64_t ring_rows,
+                cudaStream_t s);
+
+// z[r, :] += ape[pos[r] % m, :] for rows of `width`.
+void add_ape(float* z, const int64_t* pos, const float* ape, int64_t R, int64_t m, int64_t width, cudaStream_t s);
+
+// One closing compressor window. A position p's projected row is chunk row (p - chunk_p0) when
+// p >= chunk_p0, else ring row p % ring_rows. Rows hold coff*c values (coff = 2 with overlap).
+struct PoolJob {
+  const float* chunk_a;
+  const float* chunk_z;
+  int64_t chunk_p0;
+  const float* ring_a;
+  const float* ring_z;
+  int64_t ring_rows;
+  int64_t w;    // window index: pools positions [w m, (w+1) m) (and [(w-1) m, w m) lo-halves with overlap)
+  float* out;   // [c]: written as RMSNorm(pooled; gamma) then RoPE at position w*m
+};
+// jobs: device array of n_jobs PoolJob.
+void compressor_pool(const PoolJob* jobs, int64_t n_jobs, int64_t m, int64_t c, bool overlap, const float* gamma,
+                     float eps, const float* inv_freq, int64_t pairs, cudaStream_t s);
+
+// ---- indexer (model/indexer.cpp is the twin) ------------------------------------------------------
+
+struct IndexerRow {
+  const float* keys;  // [n_visible, hd] indexer keys of this row's sequence
+  int64_t n_visible;  // floor((pos+1)/4)
+};
+// q [R, nh, hd], omega [R, nh] (already scaled); score(s) = Σ_h omega_h ReLU(q_h · K_s).
+// out [R, topk]: indices of the top min(topk, n_visible) scores (descending, ties → lower
+// index), remaining slots -1.
+void indexer_topk(const float* q, const float* omega, const IndexerRow* rows, int64_t R, int64_t nh, int64_t hd,
+                  int64_t topk, int32_t* out, cudaStream_t s);
+
+// ---- attention (model/attention.cpp is the twin) -------------------------------------------------
+
+struct AttnRow {
+  int64_t pos;
+  // Window keys: positions [max(0, pos-W+1), pos]; position t is chunk_kv row (t - chunk_p0) when
+  // t >= chunk_p0, else ring row t % W.
+  const float* chunk_kv;
+  int64_t chunk_p0;
+  const float* ring;
+  // Compressed keys: entries[0, n_entries) when sel == nullptr (HCA), else entries[sel[i]] for
+  // i < n_sel with sel[i] >= 0 (CSA).
+  const float* entries;
+  int64_t n_entries;
+  const int32_t* sel;
+  int64_t n_sel;
+};
+// q [R, H, D] → o [R, H, D]: softmax over window + compressed keys (K = V) with a sink logit
+// per head in the denominator, scale 1/sqrt(D).
+void sparse_attention(const float* q, const AttnRow* rows, int64_t R, int64_t H, int64_t D, int64_t W,
+                      const float* sink, float* o, cudaStream_t s);
+
+// ---- MoE routing and activation (model/moe.cpp is the twin) ---------------------------------------
+
+// logits [R, E] → experts/weights [R, K]. Hash layers: tid2eid [vocab, K] with tokens; else top-K
+// of sqrt(softplus(l)) + bias. Weights renormalised over the K picks × scale.
+void moe_route(const float* logits, const float* bias, const int32_t* tid2eid, const int32_t* tokens, int64_t R,
+               int64_t E, int64_t K, float routed_scale, int32_t* experts, float* weights, cudaStream_t s);
+
+// h = silu(min(g, L)) ⊙ clamp(v, ±L) (no clamp when L <= 0); gu [rows, 2I] holds g then v per row.
+void swiglu(const float* gu, int64_t rows, int64_t I, float limit, float* h, cudaStream_t s);
+
+// ---- sampling ----------------------------------------------------------------------------------------
+
+// Per row: argmax when temperature <= 0, else top-k / top-p sampling with a counter-based RNG
+// seeded by (seed[r], step[r]). logits [R, V] → tokens [R].
+void sample(const float* logits, int64_t R, int64_t V, const float* temperature, const float* top_p,
+            const int32_t* top_k, const uint64_t* seed, const uint64_t* step, int32_t* tokens, cudaStream_t s);
+
+}  // namespace dsv4::cuda
