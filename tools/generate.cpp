@@ -40,27 +40,29 @@ int32_t sample_token(const float* logits, int64_t vocab, const GenerateOptions& 
   return idx[keep - 1];
 }
 
-std::vector<int32_t> generate(Model& model, const GenerateOptions& opt) {
+std::vector<int32_t> generate(const FeedFn& feed, int64_t vocab, int32_t eos, const GenerateOptions& opt) {
   DSV4_CHECK(!opt.prompt.empty(), "generate: empty prompt");
-  const int64_t V = model.config().vocab_size;
-  SequenceState st = model.new_sequence();
   std::vector<float> logits;
   const size_t chunk = opt.prefill_chunk > 0 ? static_cast<size_t>(opt.prefill_chunk) : opt.prompt.size();
-  for (size_t i = 0; i < opt.prompt.size(); i += chunk) {
-    const size_t n = std::min(chunk, opt.prompt.size() - i);
-    SequenceChunk c{&st, std::span<const int32_t>(opt.prompt.data() + i, n)};
-    logits = model.forward(std::span<const SequenceChunk>(&c, 1), false);
-  }
+  for (size_t i = 0; i < opt.prompt.size(); i += chunk)
+    logits = feed(std::span<const int32_t>(opt.prompt.data() + i, std::min(chunk, opt.prompt.size() - i)));
   std::vector<int32_t> out;
   for (int64_t s = 0; s < opt.max_new_tokens; ++s) {
-    const int32_t tok = sample_token(logits.data(), V, opt, static_cast<uint64_t>(s));
+    const int32_t tok = sample_token(logits.data(), vocab, opt, static_cast<uint64_t>(s));
     out.push_back(tok);
-    if (opt.stop_at_eos && tok == model.config().eos_token_id) break;
-    if (s + 1 == opt.max_new_tokens) break;
-    SequenceChunk c{&st, std::span<const int32_t>(&out.back(), 1)};
-    logits = model.forward(std::span<const SequenceChunk>(&c, 1), false);
+    if ((opt.stop_at_eos && tok == eos) || s + 1 == opt.max_new_tokens) break;
+    logits = feed(std::span<const int32_t>(&out.back(), 1));
   }
   return out;
+}
+
+std::vector<int32_t> generate(Model& model, const GenerateOptions& opt) {
+  SequenceState st = model.new_sequence();
+  auto feed = [&](std::span<const int32_t> toks) {
+    SequenceChunk c{&st, toks};
+    return model.forward(std::span<const SequenceChunk>(&c, 1), false);
+  };
+  return generate(feed, model.config().vocab_size, static_cast<int32_t>(model.config().eos_token_id), opt);
 }
 
 }  // namespace dsv4

@@ -1,6 +1,8 @@
 // `dsv4 generate`: prefill a prompt of token ids, then decode greedily or with seeded sampling.
 #pragma once
 #include <cstdint>
+#include <functional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -19,6 +21,10 @@ struct GenerateOptions {
   bool stop_at_eos = true;
 };
 
+// Feeds tokens to one sequence and returns the last token's logits (any backend).
+using FeedFn = std::function<std::vector<float>(std::span<const int32_t>)>;
+
+std::vector<int32_t> generate(const FeedFn& feed, int64_t vocab, int32_t eos, const GenerateOptions& opt);
 std::vector<int32_t> generate(Model& model, const GenerateOptions& opt);
 
 // Picks a token from logits: argmax when temperature == 0, else seeded top-k/top-p sampling.

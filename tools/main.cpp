@@ -11,6 +11,9 @@
 #include "model/random_checkpoint.h"
 #include "model/weights.h"
 #include "tools/generate.h"
+#ifdef DSV4_HAVE_CUDA
+#include "model/cuda/cuda_model.h"
+#endif
 
 using namespace dsv4;
 
@@ -70,7 +73,11 @@ int main(int argc, char** argv) {
   gen->add_option("--top-k", gopt.top_k)->capture_default_str();
   gen->add_option("--seed", gopt.seed)->capture_default_str();
   gen->add_option("--prefill-chunk", gopt.prefill_chunk, "prefill in chunks of this many tokens")->capture_default_str();
-  gen->add_option("--device", gen_device, "cpu")->capture_default_str();
+  std::string gen_precision = "exact";
+  int64_t gen_capacity = 4096;
+  gen->add_option("--device", gen_device, "cpu or cuda")->capture_default_str();
+  gen->add_option("--precision", gen_precision, "cuda: exact (fp32) or fast (FP8/FP4 tensor cores)")->capture_default_str();
+  gen->add_option("--max-context", gen_capacity, "cuda: per-sequence state capacity in tokens")->capture_default_str();
 
   auto* insp = app.add_subcommand("inspect", "validate a checkpoint folder and print its layout");
   std::string insp_model = default_model_dir();
@@ -85,10 +92,29 @@ int main(int argc, char** argv) {
       if (!tiny_deq.empty()) write_random_checkpoint(cfg, tiny_deq, false, opt);
       std::printf("wrote %s%s%s\n", tiny_out.c_str(), tiny_deq.empty() ? "" : " and ", tiny_deq.c_str());
     } else if (*gen) {
-      DSV4_CHECK(gen_device == "cpu", "--device ", gen_device, ": unsupported in this build (cpu only)");
       gopt.prompt = parse_ids(gen_ids);
-      Model model(load_weights(gen_model));
-      std::vector<int32_t> out = generate(model, gopt);
+      std::vector<int32_t> out;
+      if (gen_device == "cpu") {
+        Model model(load_weights(gen_model));
+        out = generate(model, gopt);
+      } else if (gen_device == "cuda") {
+#ifdef DSV4_HAVE_CUDA
+        DSV4_CHECK(gen_precision == "exact" || gen_precision == "fast", "--precision ", gen_precision,
+                   ": unsupported (exact or fast)");
+        ModelWeights w = load_weights(gen_model);
+        CudaModel model(w, gen_precision == "fast" ? cuda::Precision::Fast : cuda::Precision::Exact);
+        DeviceSequence seq = model.new_sequence(gen_capacity);
+        auto feed = [&](std::span<const int32_t> toks) {
+          DeviceChunk c{&seq, toks};
+          return model.forward(std::span<const DeviceChunk>(&c, 1), false);
+        };
+        out = generate(feed, w.config.vocab_size, static_cast<int32_t>(w.config.eos_token_id), gopt);
+#else
+        fail("--device cuda: this build has no CUDA backend (configure with -DDSV4_CUDA=ON)");
+#endif
+      } else {
+        fail("--device ", gen_device, ": unsupported (cpu or cuda)");
+      }
       for (size_t i = 0; i < out.size(); ++i) std::printf("%s%d", i ? "," : "", out[i]);
       std::printf("\n");
     } else if (*insp) {

@@ -1,0 +1,14 @@
+// Small glue kernels the device-resident model needs between the main ops.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace dsv4::cuda {
+
+// x[i] *= a for i < n.
+void scale_inplace(float* x, int64_t n, float a, cudaStream_t s);
+// dst[i, :] = src[idx[i], :] for i < n (idx on the device), rows of `width` floats.
+void gather_rows(const float* src, const int64_t* idx, int64_t n, int64_t width, float* dst, cudaStream_t s);
+
+}  // namespace dsv4::cuda

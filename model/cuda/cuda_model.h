@@ -1,0 +1,56 @@
+// The DeepSeek-V4 forward on one GPU, device-resident: weights uploaded once, per-sequence state
+// on the device, activations fp32, one descriptor upload and one logits download per call.
+// Precision::Exact mirrors the CPU reference (oracle goldens); Precision::Fast runs FP8/FP4
+// linears on tensor cores (compared statistically).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "backend/cuda/linear.h"
+#include "backend/cuda/moe.h"
+#include "model/cuda/device_state.h"
+#include "model/cuda/device_weights.h"
+
+namespace dsv4 {
+
+struct DeviceChunk {
+  DeviceSequence* seq;
+  std::span<const int32_t> tokens;  // continue from seq->pos
+};
+
+class CudaModel {
+ public:
+  CudaModel(const ModelWeights& w, cuda::Precision precision);
+  ~CudaModel();
+  const ModelConfig& config() const { return dw_.config; }
+  size_t weight_bytes() const { return dw_.bytes; }
+  DeviceSequence new_sequence(int64_t capacity) const { return DeviceSequence(dw_.config, capacity); }
+
+  // Same contract as Model::forward: logits [rows, vocab] for every token (all_logits) or for
+  // the last token of each chunk, copied to the host.
+  std::vector<float> forward(std::span<const DeviceChunk> chunks, bool all_logits);
+  // Same, leaving logits on the device (valid until the next call); returns the row count.
+  int64_t forward_device(std::span<const DeviceChunk> chunks, bool all_logits, const float** logits);
+  cudaStream_t stream() const { return stream_; }
+  // Tests: fill every scratch buffer with NaN bytes before each call, so a kernel that leaves
+  // an element unwritten shows up as NaN in the logits.
+  void set_poison(bool on) { poison_ = on; }
+
+ private:
+  struct Workspace;
+  void linear(const WeightView& w, const float* x, int64_t rows, float* y, int64_t row_begin = 0,
+              int64_t row_end = -1, int64_t ldx = -1, int64_t ldy = -1, bool exact = false);
+
+  DeviceWeights dw_;
+  cuda::Precision precision_;
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<cuda::FastLinear> fast_;
+  std::unique_ptr<cuda::MoeRunner> moe_;
+  std::unique_ptr<Workspace> ws_;
+  bool poison_ = false;
+};
+
+}  // namespace dsv4
