@@ -30,6 +30,9 @@ class FastLinear {
   FastLinear& operator=(const FastLinear&) = delete;
   void run(const WeightView& w, const float* x, int64_t rows, float* y, int64_t row_begin, int64_t row_end,
            int64_t ldx, int64_t ldy, cudaStream_t s);
+  // Per-weight data (expanded FP8 scales) is cached by device address: call this when weights
+  // are freed or replaced, so a new weight at a reused address is not served stale scales.
+  void forget_weights();
 
  private:
   struct Impl;

@@ -1,0 +1,104 @@
+// One warp per (row, 128-channel block): lanes hold 4 channels each, amax by shuffles.
+#include <cuda_fp8.h>
+
+#include "backend/cuda/act_quant.h"
+#include "backend/cuda/check.h"
+
+namespace dsv4::cuda {
+namespace {
+
+constexpr int kWarps = 8;
+
+// 2^ceil(log2(amax/448)) with amax floored at 1e-4 (amax/448 is a normal fp32 there).
+__device__ __forceinline__ float pow2_scale(float amax) {
+  const float t = fmaxf(amax, 1e-4f) / 448.0f;
+  const int bits = __float_as_int(t);
+  int e = ((bits >> 23) & 0xFF) - 127;
+  if (bits & 0x7FFFFF) ++e;
+  return __int_as_float((e + 127) << 23);
+}
+
+__device__ __forceinline__ uint8_t to_e4m3(float v) {
+  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(fminf(fmaxf(v, -448.f), 448.f), __NV_SATFINITE, __NV_E4M3));
+}
+
+__device__ __forceinline__ float from_e4m3(uint8_t b) {
+  __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(b), __NV_E4M3);
+  return __half2float(__half(h));
+}
+
+// Block (r, kb): returns the scale; v[j] = channel kb*128 + lane + 32j (0 beyond `in`).
+__device__ __forceinline__ float load_block(const float* x, int64_t r, int64_t kb, int64_t in, int64_t ldx,
+                                            float* v) {
+  const int lane = threadIdx.x & 31;
+  float amax = 0.f;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int64_t k = kb * 128 + lane + 32 * j;
+    v[j] = k < in ? x[r * ldx + k] : 0.f;
+    amax = fmaxf(amax, fabsf(v[j]));
+  }
+#pragma unroll
+  for (int m = 16; m; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, m));
+  return pow2_scale(amax);
+}
+
+__global__ void quant_kernel(const float* __restrict__ x, int64_t rows, int64_t in, int64_t ldx, int64_t rows_pad,
+                             uint8_t* __restrict__ q, int64_t ldq, float* __restrict__ scales, int64_t kblocks) {
+  const int64_t id = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (id >= rows_pad * kblocks) return;
+  const int64_t r = id / kblocks, kb = id % kblocks;
+  const int lane = threadIdx.x & 31;
+  if (r >= rows) {
+    for (int j = 0; j < 4; ++j) {
+      const int64_t k = kb * 128 + lane + 32 * j;
+      if (k < in) q[r * ldq + k] = 0;
+    }
+    if (lane == 0) scales[kb * rows_pad + r] = 1.f;
+    return;
+  }
+  float v[4];
+  const float s = load_block(x, r, kb, in, ldx, v);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int64_t k = kb * 128 + lane + 32 * j;
+    if (k < in) q[r * ldq + k] = to_e4m3(v[j] / s);
+  }
+  if (lane == 0) scales[kb * rows_pad + r] = s;
+}
+
+__global__ void fake_quant_kernel(const float* x, int64_t rows, int64_t in, int64_t ldx, float* y, int64_t ldy,
+                                  int64_t kblocks) {
+  const int64_t id = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (id >= rows * kblocks) return;
+  const int64_t r = id / kblocks, kb = id % kblocks;
+  float v[4];
+  const float s = load_block(x, r, kb, in, ldx, v);
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int64_t k = kb * 128 + lane + 32 * j;
+    if (k < in) y[r * ldy + k] = from_e4m3(to_e4m3(v[j] / s)) * s;
+  }
+}
+
+unsigned blocks_for(int64_t warps) { return static_cast<unsigned>((warps + kWarps - 1) / kWarps); }
+
+}  // namespace
+
+void act_quant_fp8(const float* x, int64_t rows, int64_t in, int64_t ldx, int64_t rows_pad, uint8_t* q, int64_t ldq,
+                   float* scales, cudaStream_t s) {
+  const int64_t kb = (in + 127) / 128;
+  if (rows_pad * kb == 0) return;
+  quant_kernel<<<blocks_for(rows_pad * kb), kWarps * 32, 0, s>>>(x, rows, in, ldx, rows_pad, q, ldq, scales, kb);
+  DSV4_CUDA_LAUNCH_CHECK();
+}
+
+void act_fake_quant_fp8(const float* x, int64_t rows, int64_t in, int64_t ldx, float* y, int64_t ldy, cudaStream_t s) {
+  const int64_t kb = (in + 127) / 128;
+  if (rows * kb == 0) return;
+  fake_quant_kernel<<<blocks_for(rows * kb), kWarps * 32, 0, s>>>(x, rows, in, ldx, y, ldy, kb);
+  DSV4_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace dsv4::cuda

@@ -1,0 +1,19 @@
+// FP8 activation quantisation of the official demo (spec/model.md §4): per row, per block of
+// 128 input channels, amax = max(|x|, 1e-4), s = 2^ceil(log2(amax/448)), q = e4m3(clamp(x/s, ±448)).
+// ceil(log2) is taken exactly from the fp32 bits of amax/448.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace dsv4::cuda {
+
+// q [rows_pad, ldq] e4m3 codes, scales [ceil(in/128), rows_pad] fp32 (row index fastest, the
+// cuBLASLt VEC128 layout). Rows in [rows, rows_pad) are written as zeros with scale 1.
+void act_quant_fp8(const float* x, int64_t rows, int64_t in, int64_t ldx, int64_t rows_pad, uint8_t* q, int64_t ldq,
+                   float* scales, cudaStream_t s);
+
+// y = dequant(quant(x)) in fp32 (the values an FP8 GEMM sees); y == x allowed.
+void act_fake_quant_fp8(const float* x, int64_t rows, int64_t in, int64_t ldx, float* y, int64_t ldy, cudaStream_t s);
+
+}  // namespace dsv4::cuda

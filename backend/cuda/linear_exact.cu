@@ -1,0 +1,135 @@
+// linear_exact: fp32 math on weights decoded in registers (decode: GEMV, one warp per output)
+// or in shared memory (larger batches: 64x64 SIMT tiles). Twin of backend/cpu/linear.cpp.
+#include "backend/cuda/check.h"
+#include "backend/cuda/linear.h"
+#include "backend/cuda/linear_kernels.cuh"
+
+namespace dsv4::cuda {
+namespace detail {
+
+DevWeight dev_weight(const WeightView& w) {
+  DSV4_CHECK(!w.empty(), "linear: empty weight");
+  DevWeight d;
+  d.data = w.data;
+  d.scale = w.scale;
+  d.out = w.out;
+  d.in = w.in;
+  d.scale_cols = w.scale_cols;
+  d.scale_f32 = w.scale_dtype == DType::F32;
+  switch (w.format) {
+    case WeightFormat::Dense:
+      DSV4_CHECK(w.dtype == DType::F32 || w.dtype == DType::BF16, "linear: unsupported dense dtype ",
+                 dtype_name(w.dtype));
+      d.fmt = w.dtype == DType::F32 ? kF32 : kBF16;
+      break;
+    case WeightFormat::FP8Block:
+      DSV4_CHECK(w.dtype == DType::F8_E4M3, "linear: FP8 block weight must be F8_E4M3");
+      DSV4_CHECK(w.scale && w.scale_cols == (w.in + 127) / 128, "linear: FP8 scale must be [ceil(out/128), ceil(in/128)]");
+      d.fmt = kFP8;
+      break;
+    case WeightFormat::FP4Group32:
+      DSV4_CHECK(w.in % 32 == 0 && w.scale && w.scale_cols == w.in / 32, "linear: FP4 needs in % 32 == 0, scale [out, in/32]");
+      d.fmt = kFP4;
+      break;
+  }
+  DSV4_CHECK(d.scale_f32 || w.format == WeightFormat::Dense || w.scale_dtype == DType::F8_E8M0,
+             "linear: scale dtype must be E8M0 or F32");
+  return d;
+}
+
+bool vec_ok(const DevWeight& w, const void* x, int64_t ldx) {
+  static const int per_load[4] = {4, 8, 16, 32};
+  return w.in % per_load[w.fmt] == 0 && reinterpret_cast<uintptr_t>(w.data) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(x) % 16 == 0 && ldx % 4 == 0;
+}
+
+}  // namespace detail
+
+namespace {
+using namespace detail;
+
+constexpr int kGemvWarps = 8;
+
+template <int F, int R, bool VEC>
+__global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(DevWeight w, const float* __restrict__ x, int rows,
+                                                              float* __restrict__ y, int64_t row_begin, int64_t n_out,
+                                                              int64_t ldx, int64_t ldy) {
+  const int64_t oi = static_cast<int64_t>(blockIdx.x) * kGemvWarps + threadIdx.x / 32;
+  if (oi >= n_out) return;
+  const float* xs[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) xs[r] = x + static_cast<int64_t>(r < rows ? r : 0) * ldx;
+  float acc[R];
+  gemv_warp<F, R, VEC>(w, row_begin + oi, xs, rows, acc);
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+    if (r == lane && r < rows) y[r * ldy + oi] = acc[r];
+}
+
+struct IdentityX {
+  const float* x;
+  int64_t ldx;
+  __device__ const float* operator()(int m) const { return x + m * ldx; }
+};
+struct IdentityY {
+  float* y;
+  int64_t ldy;
+  __device__ float* operator()(int m) const { return y + m * ldy; }
+};
+
+__global__ void __launch_bounds__(kTileThreads) tile_kernel(DevWeight w, const float* __restrict__ x, int64_t rows,
+                                                            float* __restrict__ y, int64_t row_begin, int64_t n_out,
+                                                            int64_t ldx, int64_t ldy) {
+  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kTileM;
+  const int M = static_cast<int>(rows - m0 < kTileM ? rows - m0 : kTileM);
+  tile_gemm(w, row_begin, n_out, static_cast<int64_t>(blockIdx.x) * kTileN, M, IdentityX{x + m0 * ldx, ldx},
+            IdentityY{y + m0 * ldy, ldy});
+}
+
+template <int F, int R>
+void launch_gemv_r(const DevWeight& w, const float* x, int rows, float* y, int64_t rb, int64_t n, int64_t ldx,
+                   int64_t ldy, bool vec, cudaStream_t s) {
+  const dim3 grid(static_cast<unsigned>((n + kGemvWarps - 1) / kGemvWarps));
+  if (vec)
+    gemv_kernel<F, R, true><<<grid, kGemvWarps * 32, 0, s>>>(w, x, rows, y, rb, n, ldx, ldy);
+  else
+    gemv_kernel<F, R, false><<<grid, kGemvWarps * 32, 0, s>>>(w, x, rows, y, rb, n, ldx, ldy);
+  DSV4_CUDA_LAUNCH_CHECK();
+}
+
+template <int F>
+void launch_gemv(const DevWeight& w, const float* x, int rows, float* y, int64_t rb, int64_t n, int64_t ldx,
+                 int64_t ldy, bool vec, cudaStream_t s) {
+  // Smallest compiled row count that covers `rows`: no wasted accumulators at decode.
+  if (rows <= 1) return launch_gemv_r<F, 1>(w, x, rows, y, rb, n, ldx, ldy, vec, s);
+  if (rows <= 2) return launch_gemv_r<F, 2>(w, x, rows, y, rb, n, ldx, ldy, vec, s);
+  if (rows <= 4) return launch_gemv_r<F, 4>(w, x, rows, y, rb, n, ldx, ldy, vec, s);
+  if (rows <= 8) return launch_gemv_r<F, 8>(w, x, rows, y, rb, n, ldx, ldy, vec, s);
+  return launch_gemv_r<F, 16>(w, x, rows, y, rb, n, ldx, ldy, vec, s);
+}
+
+}  // namespace
+
+void linear_exact(const WeightView& wv, const float* x, int64_t rows, float* y, int64_t row_begin, int64_t row_end,
+                  int64_t ldx, int64_t ldy, cudaStream_t s) {
+  DSV4_CHECK(row_begin >= 0 && row_end <= wv.out && row_begin <= row_end, "linear_exact: bad row range");
+  const int64_t n = row_end - row_begin;
+  if (rows <= 0 || n == 0) return;
+  const DevWeight w = detail::dev_weight(wv);
+  if (rows <= kGemvMaxRows) {
+    const bool vec = detail::vec_ok(w, x, ldx);
+    const int r = static_cast<int>(rows);
+    switch (w.fmt) {
+      case kF32: return launch_gemv<kF32>(w, x, r, y, row_begin, n, ldx, ldy, vec, s);
+      case kBF16: return launch_gemv<kBF16>(w, x, r, y, row_begin, n, ldx, ldy, vec, s);
+      case kFP8: return launch_gemv<kFP8>(w, x, r, y, row_begin, n, ldx, ldy, vec, s);
+      default: return launch_gemv<kFP4>(w, x, r, y, row_begin, n, ldx, ldy, vec, s);
+    }
+  }
+  const dim3 grid(static_cast<unsigned>((n + kTileN - 1) / kTileN), static_cast<unsigned>((rows + kTileM - 1) / kTileM));
+  tile_kernel<<<grid, kTileThreads, 0, s>>>(w, x, rows, y, row_begin, n, ldx, ldy);
+  DSV4_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace dsv4::cuda

@@ -1,0 +1,223 @@
+// FastLinear: tensor-core linears through cuBLASLt.
+//  * FP8Block: activations quantised per row per 128 channels (act_quant.h), then an FP8 GEMM
+//    with fp32 accumulation and VEC128 (1x128) fp32 scales on both operands; the weight's
+//    128x128 E8M0 grid is expanded once per weight (and row range) to per-row 1x128 fp32 scales
+//    and cached, so sub-ranges starting at any row (e.g. 96) work.
+//  * Dense BF16: activations rounded to bf16, bf16 GEMM, fp32 accumulate and output.
+//  * Decode (rows <= 16), FP4, F32 and shapes cuBLASLt cannot take (K % 128 for FP8, K % 8 for
+//    bf16, out % 16): linear_exact, on FP8-quantised activations for FP8/FP4 weights (the same
+//    numbers the FP8 GEMM multiplies, fp32 accumulation; the GEMV is bandwidth bound anyway).
+#include <cuda_bf16.h>
+
+#include <cstdio>
+#include <map>
+#include <tuple>
+
+#include "backend/cuda/act_quant.h"
+#include "backend/cuda/check.h"
+#include "backend/cuda/device.h"
+#include "backend/cuda/linear.h"
+#include "backend/cuda/linear_kernels.cuh"
+
+namespace dsv4::cuda {
+namespace {
+
+constexpr size_t kWorkspace = 32ull << 20;
+
+void grow(DeviceBuffer& b, size_t bytes) {
+  if (b.bytes() < bytes) b = DeviceBuffer(bytes + bytes / 4);
+}
+
+// ws[kb * n + j] = scale(block row (row_begin + j) / 128, kb): 128x128 grid -> per-row 1x128.
+__global__ void expand_scales_kernel(detail::DevWeight w, int64_t row_begin, int64_t n, int64_t kblocks, float* ws) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n * kblocks) return;
+  const int64_t kb = i / n, j = i % n;
+  ws[i] = detail::scale_at(w, (row_begin + j) / 128, kb);
+}
+
+__global__ void to_bf16_kernel(const float* x, int64_t rows, int64_t in, int64_t ldx, __nv_bfloat16* xb) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= rows * in) return;
+  const int64_t r = i / in, k = i % in;
+  xb[i] = __float2bfloat16_rn(x[r * ldx + k]);
+}
+
+unsigned blocks256(int64_t n) { return static_cast<unsigned>((n + 255) / 256); }
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+}  // namespace
+
+struct FastLinear::Impl {
+  struct Plan {
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+    bool ok = false;
+  };
+  enum Kind { kFp8 = 0, kBf16 = 1 };
+
+  cublasLtHandle_t lt = nullptr;
+  DeviceBuffer workspace{kWorkspace};
+  DeviceBuffer xq, xs, xf, yb;
+  std::map<std::tuple<const void*, const void*, int64_t, int64_t>, DeviceBuffer> wscales;
+  std::map<std::tuple<int, int64_t, int64_t, int64_t, int64_t>, Plan> plans;
+  bool warned = false;
+
+  Impl() { DSV4_CUBLAS_CHECK(cublasLtCreate(&lt)); }
+  ~Impl() {
+    for (auto& [key, p] : plans) {
+      if (p.a) cublasLtMatrixLayoutDestroy(p.a);
+      if (p.b) cublasLtMatrixLayoutDestroy(p.b);
+      if (p.d) cublasLtMatrixLayoutDestroy(p.d);
+      if (p.desc) cublasLtMatmulDescDestroy(p.desc);
+    }
+    if (lt) cublasLtDestroy(lt);
+  }
+
+  // m = outputs, n = activation rows, k = in; A = W (row-major [m, k] = column-major k x m, op T),
+  // B = activations (column-major k x n, op N), D = y (column-major m x n = row-major [n, m]).
+  Plan& plan(Kind kind, int64_t m, int64_t n, int64_t k, int64_t ldd) {
+    auto key = std::make_tuple(static_cast<int>(kind), m, n, k, ldd);
+    auto it = plans.find(key);
+    if (it != plans.end()) return it->second;
+    Plan& p = plans[key];
+    const cudaDataType_t in_t = kind == kFp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
+    DSV4_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t opt = CUBLAS_OP_T, opn = CUBLAS_OP_N;
+    DSV4_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opt, sizeof(opt)));
+    DSV4_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opn, sizeof(opn)));
+    if (kind == kFp8) {
+      const cublasLtMatmulMatrixScale_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+      DSV4_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof(mode)));
+      DSV4_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof(mode)));
+    }
+    DSV4_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, in_t, k, m, k));
+    DSV4_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, in_t, k, n, k));
+    DSV4_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.d, CUDA_R_32F, m, n, ldd));
+    cublasLtMatmulPreference_t pref;
+    DSV4_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    const size_t ws = kWorkspace;
+    DSV4_CUBLAS_CHECK(
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+    cublasLtMatmulHeuristicResult_t res{};
+    int found = 0;
+    const cublasStatus_t st =
+        cublasLtMatmulAlgoGetHeuristic(lt, p.desc, p.a, p.b, p.d, p.d, pref, 1, &res, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    p.ok = st == CUBLAS_STATUS_SUCCESS && found > 0;
+    if (p.ok) p.algo = res.algo;
+    return p;
+  }
+
+  // Runs a plan; false (nothing enqueued) when cuBLASLt refuses, so the caller falls back.
+  bool matmul(Plan& p, const void* a, const void* b, float* d, const float* a_scale, const float* b_scale,
+              cudaStream_t s) {
+    if (!p.ok) return false;
+    if (a_scale) {
+      DSV4_CUBLAS_CHECK(
+          cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale, sizeof(a_scale)));
+      DSV4_CUBLAS_CHECK(
+          cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale, sizeof(b_scale)));
+    }
+    const float alpha = 1.f, beta = 0.f;
+    const cublasStatus_t st = cublasLtMatmul(lt, p.desc, &alpha, a, p.a, b, p.b, &beta, d, p.d, d, p.d, &p.algo,
+                                             workspace.get(), kWorkspace, s);
+    if (st != CUBLAS_STATUS_SUCCESS) p.ok = false;
+    return st == CUBLAS_STATUS_SUCCESS;
+  }
+
+  void warn_fallback(const char* what, int64_t m, int64_t n, int64_t k) {
+    if (warned) return;
+    warned = true;
+    std::fprintf(stderr, "dsv4 FastLinear: cuBLASLt refused %s GEMM m=%lld n=%lld k=%lld; using linear_exact\n", what,
+                 static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k));
+  }
+
+  const float* weight_scales(const WeightView& w, int64_t row_begin, int64_t n, cudaStream_t s) {
+    auto key = std::make_tuple(static_cast<const void*>(w.data), static_cast<const void*>(w.scale), row_begin, n);
+    auto it = wscales.find(key);
+    if (it != wscales.end()) return it->second.as<float>();
+    const int64_t kb = (w.in + 127) / 128;
+    DeviceBuffer buf(static_cast<size_t>(n * kb) * sizeof(float));
+    expand_scales_kernel<<<blocks256(n * kb), 256, 0, s>>>(detail::dev_weight(w), row_begin, n, kb, buf.as<float>());
+    DSV4_CUDA_LAUNCH_CHECK();
+    return wscales.emplace(key, std::move(buf)).first->second.as<float>();
+  }
+
+  // D either straight into y, or (padded rows / unaligned y) into yb, then copied.
+  template <class Gemm>
+  bool with_output(float* y, int64_t rows, int64_t rows_pad, int64_t n, int64_t ldy, cudaStream_t s, Gemm gemm) {
+    if (rows_pad == rows && ldy % 4 == 0 && aligned16(y)) return gemm(y, ldy);
+    grow(yb, static_cast<size_t>(rows_pad * n) * sizeof(float));
+    if (!gemm(yb.as<float>(), n)) return false;
+    DSV4_CUDA_CHECK(cudaMemcpy2DAsync(y, ldy * sizeof(float), yb.get(), n * sizeof(float), n * sizeof(float), rows,
+                                      cudaMemcpyDeviceToDevice, s));
+    return true;
+  }
+
+  bool fp8_gemm(const WeightView& w, const float* x, int64_t rows, float* y, int64_t row_begin, int64_t n,
+                int64_t ldx, int64_t ldy, cudaStream_t s) {
+    const int64_t k = w.in, kb = k / 128, rows_pad = (rows + 3) / 4 * 4;
+    grow(xq, static_cast<size_t>(rows_pad * k));
+    grow(xs, static_cast<size_t>(rows_pad * kb) * sizeof(float));
+    act_quant_fp8(x, rows, k, ldx, rows_pad, xq.as<uint8_t>(), k, xs.as<float>(), s);
+    const float* ws = weight_scales(w, row_begin, n, s);
+    const uint8_t* a = w.data + row_begin * k;
+    return with_output(y, rows, rows_pad, n, ldy, s, [&](float* d, int64_t ldd) {
+      return matmul(plan(kFp8, n, rows_pad, k, ldd), a, xq.get(), d, ws, xs.as<float>(), s);
+    });
+  }
+
+  bool bf16_gemm(const WeightView& w, const float* x, int64_t rows, float* y, int64_t row_begin, int64_t n,
+                 int64_t ldx, int64_t ldy, cudaStream_t s) {
+    const int64_t k = w.in;
+    grow(xq, static_cast<size_t>(rows * k) * 2);
+    to_bf16_kernel<<<blocks256(rows * k), 256, 0, s>>>(x, rows, k, ldx, xq.as<__nv_bfloat16>());
+    DSV4_CUDA_LAUNCH_CHECK();
+    const uint8_t* a = w.data + row_begin * k * 2;
+    return with_output(y, rows, rows, n, ldy, s, [&](float* d, int64_t ldd) {
+      return matmul(plan(kBf16, n, rows, k, ldd), a, xq.get(), d, nullptr, nullptr, s);
+    });
+  }
+
+  // linear_exact on FP8-quantised activations (official W8A8 / W4A8 numerics).
+  void exact_on_quantised(const WeightView& w, const float* x, int64_t rows, float* y, int64_t row_begin,
+                          int64_t row_end, int64_t ldx, int64_t ldy, cudaStream_t s) {
+    grow(xf, static_cast<size_t>(rows * w.in) * sizeof(float));
+    act_fake_quant_fp8(x, rows, w.in, ldx, xf.as<float>(), w.in, s);
+    linear_exact(w, xf.as<float>(), rows, y, row_begin, row_end, w.in, ldy, s);
+  }
+};
+
+FastLinear::FastLinear() : impl_(std::make_unique<Impl>()) {}
+FastLinear::~FastLinear() = default;
+
+void FastLinear::forget_weights() {
+  DSV4_CUDA_CHECK(cudaDeviceSynchronize());  // queued GEMMs may still read the scales
+  impl_->wscales.clear();
+}
+
+void FastLinear::run(const WeightView& w, const float* x, int64_t rows, float* y, int64_t row_begin, int64_t row_end,
+                     int64_t ldx, int64_t ldy, cudaStream_t s) {
+  DSV4_CHECK(row_begin >= 0 && row_end <= w.out && row_begin <= row_end, "FastLinear: bad row range");
+  const int64_t n = row_end - row_begin;
+  if (rows <= 0 || n == 0) return;
+  const bool big = rows > detail::kGemvMaxRows && n % 16 == 0 && aligned16(w.data);
+  if (w.format == WeightFormat::FP8Block) {
+    if (big && w.in % 128 == 0) {
+      if (impl_->fp8_gemm(w, x, rows, y, row_begin, n, ldx, ldy, s)) return;
+      impl_->warn_fallback("FP8", n, rows, w.in);
+    }
+    return impl_->exact_on_quantised(w, x, rows, y, row_begin, row_end, ldx, ldy, s);
+  }
+  if (w.format == WeightFormat::FP4Group32) return impl_->exact_on_quantised(w, x, rows, y, row_begin, row_end, ldx, ldy, s);
+  if (w.dtype == DType::BF16 && big && w.in % 8 == 0) {
+    if (impl_->bf16_gemm(w, x, rows, y, row_begin, n, ldx, ldy, s)) return;
+    impl_->warn_fallback("bf16", n, rows, w.in);
+  }
+  linear_exact(w, x, rows, y, row_begin, row_end, ldx, ldy, s);
+}
+
+}  // namespace dsv4::cuda

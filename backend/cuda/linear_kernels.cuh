@@ -1,0 +1,241 @@
+// Device building blocks shared by the linears and the MoE: a stored weight as kernels see it,
+// exact element decoders (E8M0, e4m3, e2m1, bf16), a GEMV core (one warp per output row,
+// 16-byte weight loads decoded in registers, up to 16 activation rows per pass) and a tiled
+// SIMT core (64x64 outputs, 32-wide K steps, weights decoded into shared memory).
+// Only .cu files include this.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+#include "backend/weight_view.h"
+
+namespace dsv4::cuda::detail {
+
+enum Fmt : int { kF32 = 0, kBF16 = 1, kFP8 = 2, kFP4 = 3 };
+
+struct DevWeight {
+  const uint8_t* data = nullptr;
+  const uint8_t* scale = nullptr;
+  int64_t out = 0, in = 0, scale_cols = 0;
+  int fmt = kF32;
+  int scale_f32 = 0;
+};
+
+// Host side: validates the view (format/dtype pair, scale shape) and flattens it.
+DevWeight dev_weight(const WeightView& w);
+// Host side: the GEMV may use 16-byte weight loads and float4 activation loads.
+bool vec_ok(const DevWeight& w, const void* x, int64_t ldx);
+
+// Up to this many activation rows the linears run as GEMV (weight bandwidth bound).
+constexpr int kGemvMaxRows = 16;
+
+// Elements per 16-byte load, and bytes of one weight row.
+template <int F>
+struct FmtTraits;
+template <>
+struct FmtTraits<kF32> { static constexpr int kPerLoad = 4; };
+template <>
+struct FmtTraits<kBF16> { static constexpr int kPerLoad = 8; };
+template <>
+struct FmtTraits<kFP8> { static constexpr int kPerLoad = 16; };
+template <>
+struct FmtTraits<kFP4> { static constexpr int kPerLoad = 32; };
+
+__host__ __device__ inline int64_t row_bytes(int fmt, int64_t in) {
+  return fmt == kF32 ? in * 4 : fmt == kBF16 ? in * 2 : fmt == kFP8 ? in : in / 2;
+}
+
+__device__ __forceinline__ float e8m0_dev(uint8_t b) {
+  if (b == 0xFF) return __int_as_float(0x7FC00000);
+  if (b == 0) return __int_as_float(0x00400000);  // 2^-127 is an fp32 subnormal
+  return __int_as_float(static_cast<int>(b) << 23);
+}
+
+__device__ __forceinline__ float scale_at(const DevWeight& w, int64_t r, int64_t c) {
+  const int64_t i = r * w.scale_cols + c;
+  if (w.scale_f32) return __ldg(reinterpret_cast<const float*>(w.scale) + i);
+  return e8m0_dev(__ldg(w.scale + i));
+}
+
+__device__ __forceinline__ float e4m3_dev(uint8_t b) {
+  __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(b), __NV_E4M3);
+  return __half2float(__half(h));
+}
+
+// e2m1 magnitude i in 0..7 -> {0, .5, 1, 1.5, 2, 3, 4, 6} built from fp32 bits (no table).
+__device__ __forceinline__ float e2m1_dev(uint32_t c) {
+  const uint32_t i = c & 7u;
+  const uint32_t mag = i < 2 ? (i ? 0x3F000000u : 0u) : (((i >> 1) + 126u) << 23) | ((i & 1u) << 22);
+  return __uint_as_float(mag | ((c & 8u) << 28));
+}
+
+// W[o, k] exactly as backend/cpu/linear.cpp's dequant_row.
+__device__ __forceinline__ float w_elem(const DevWeight& w, int64_t o, int64_t k) {
+  switch (w.fmt) {
+    case kF32:
+      return __ldg(reinterpret_cast<const float*>(w.data) + o * w.in + k);
+    case kBF16: {
+      const uint16_t b = __ldg(reinterpret_cast<const unsigned short*>(w.data) + o * w.in + k);
+      return __uint_as_float(static_cast<uint32_t>(b) << 16);
+    }
+    case kFP8:
+      return e4m3_dev(__ldg(w.data + o * w.in + k)) * scale_at(w, o / 128, k / 128);
+    default: {
+      const uint8_t b = __ldg(w.data + o * (w.in / 2) + (k >> 1));
+      return e2m1_dev((k & 1) ? (b >> 4) : (b & 0xF)) * scale_at(w, o, k / 32);
+    }
+  }
+}
+
+__device__ __forceinline__ uint4 ld_stream(const uint8_t* p) {
+  return __ldg(reinterpret_cast<const uint4*>(p));
+}
+
+// Decodes the 16 bytes holding elements [k0, k0 + kPerLoad) of row o (unscaled) and returns
+// the scale that multiplies all of them (1 for dense: one FP8 128-block / one FP4 32-group).
+template <int F>
+__device__ __forceinline__ float decode16(const DevWeight& w, int64_t o, int64_t k0, uint4 raw, float* v) {
+  const uint32_t u[4] = {raw.x, raw.y, raw.z, raw.w};
+  if constexpr (F == kF32) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) v[j] = __uint_as_float(u[j]);
+    return 1.f;
+  } else if constexpr (F == kBF16) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      v[2 * j] = __uint_as_float(u[j] << 16);
+      v[2 * j + 1] = __uint_as_float(u[j] & 0xFFFF0000u);
+    }
+    return 1.f;
+  } else if constexpr (F == kFP8) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      __half2_raw lo = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(u[j] & 0xFFFF), __NV_E4M3);
+      __half2_raw hi = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(u[j] >> 16), __NV_E4M3);
+      float2 a = __half22float2(__half2(lo)), b = __half22float2(__half2(hi));
+      v[4 * j] = a.x;
+      v[4 * j + 1] = a.y;
+      v[4 * j + 2] = b.x;
+      v[4 * j + 3] = b.y;
+    }
+    return scale_at(w, o / 128, k0 / 128);
+  } else {
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int n = 0; n < 8; ++n) v[8 * j + n] = e2m1_dev(u[j] >> (4 * n));
+    return scale_at(w, o, k0 / 32);
+  }
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int m = 16; m; m >>= 1) v += __shfl_xor_sync(0xFFFFFFFFu, v, m);
+  return v;
+}
+
+// acc[r] (all lanes) = Σ_k W[o, k] xs[r][k] for r < nrows, computed by one warp.
+// VEC: 16-byte weight loads and float4 activation loads (callers check alignment and in %
+// kPerLoad == 0); otherwise one element per lane per step.
+template <int F, int R, bool VEC>
+__device__ __forceinline__ void gemv_warp(const DevWeight& w, int64_t o, const float* const* xs, int nrows,
+                                          float* acc) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int r = 0; r < R; ++r) acc[r] = 0.f;
+  if constexpr (VEC) {
+    constexpr int N = FmtTraits<F>::kPerLoad;
+    const uint8_t* row = w.data + o * row_bytes(F, w.in);
+    const int64_t step = 32 * N;
+    for (int64_t k0 = lane * N; k0 < w.in; k0 += 2 * step) {
+      // Two loads in flight per lane before any math.
+      const bool second = k0 + step < w.in;
+      const uint4 raw0 = ld_stream(row + row_bytes(F, k0));
+      const uint4 raw1 = second ? ld_stream(row + row_bytes(F, k0 + step)) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        if (half == 1 && !second) break;
+        const int64_t kk = k0 + half * step;
+        float v[N];
+        const float s = decode16<F>(w, o, kk, half ? raw1 : raw0, v);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          if (r >= nrows) break;
+          const float4* xp = reinterpret_cast<const float4*>(xs[r] + kk);
+          float p = 0.f;
+#pragma unroll
+          for (int j = 0; j < N / 4; ++j) {
+            const float4 xv = __ldg(xp + j);
+            p += v[4 * j] * xv.x + v[4 * j + 1] * xv.y + v[4 * j + 2] * xv.z + v[4 * j + 3] * xv.w;
+          }
+          acc[r] += s * p;
+        }
+      }
+    }
+  } else {
+    for (int64_t k = lane; k < w.in; k += 32) {
+      const float wv = w_elem(w, o, k);
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        if (r >= nrows) break;
+        acc[r] += wv * __ldg(xs[r] + k);
+      }
+    }
+  }
+  // nrows is warp-uniform: no shuffles for absent rows.
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+    if (r < nrows) acc[r] = warp_sum(acc[r]);
+}
+
+// Tiled SIMT core: Y[m, n0 + j] for m < M (≤ 64) rows and j < 64 outputs (o = row_begin + n0 + j
+// < row_begin + n_out). Row m of the activations is xrow(m) (length w.in), the result goes to
+// yrow(m)[n0 + j]. 256 threads, each 4x4 outputs; weights decoded once per tile into smem.
+constexpr int kTileM = 64, kTileN = 64, kTileK = 32, kTileThreads = 256;
+
+template <class XRow, class YRow>
+__device__ __forceinline__ void tile_gemm(const DevWeight& w, int64_t row_begin, int64_t n_out, int64_t n0, int M,
+                                          XRow xrow, YRow yrow) {
+  __shared__ float sx[kTileK][kTileM + 4];
+  __shared__ float sw[kTileK][kTileN + 4];
+  const int tid = threadIdx.x, tx = tid % 16, ty = tid / 16;
+  float acc[4][4] = {};
+  for (int64_t k0 = 0; k0 < w.in; k0 += kTileK) {
+#pragma unroll
+    for (int i = 0; i < (kTileM * kTileK) / kTileThreads; ++i) {
+      const int idx = tid + i * kTileThreads, m = idx / kTileK, kk = idx % kTileK;
+      const int64_t k = k0 + kk;
+      sx[kk][m] = (m < M && k < w.in) ? __ldg(xrow(m) + k) : 0.f;
+      const int64_t n = n0 + m;  // the same index pattern loads the 64 weight rows
+      sw[kk][m] = (n < n_out && k < w.in) ? w_elem(w, row_begin + n, k) : 0.f;
+    }
+    __syncthreads();
+#pragma unroll 8
+    for (int kk = 0; kk < kTileK; ++kk) {
+      const float4 a = *reinterpret_cast<const float4*>(&sx[kk][ty * 4]);
+      const float4 b = *reinterpret_cast<const float4*>(&sw[kk][tx * 4]);
+      const float av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] += av[i] * bv[j];
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int m = ty * 4 + i;
+    if (m >= M) continue;
+    float* yr = yrow(m);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t n = n0 + tx * 4 + j;
+      if (n < n_out) yr[n] = acc[i][j];
+    }
+  }
+}
+
+}  // namespace dsv4::cuda::detail

@@ -1,0 +1,341 @@
+// MoeRunner: routed experts with device-side grouping and no host synchronisation.
+//  1. group_kernel (one block): per-expert counts, offsets, slot -> (row, k) pair permutation and a
+//     tile list (expert, first slot, count <= T); the grid is sized by the bound
+//     pairs/T + min(E, pairs) and surplus blocks exit, so the host never needs the counts.
+//  2. gate/up: g = W1 x, v = W3 x, h = silu(min(g, L)) * clamp(v, ±L) per slot.
+//  3. down: y = W2 h, written at the pair's row of Y [R*K, d].
+//  4. combine: out[r] += Σ_k w[r,k] Y[r*K + k] in fixed k order (deterministic, no atomics).
+// Few tokens per expert (decode): GEMV kernels (T = 16), weights streamed once per tile with
+// FP4/FP8 decoded in registers. Many tokens: 64x64 SIMT tiles (weights decoded into smem).
+// Weights are read as stored (FP4 packed + E8M0); Fast = the same kernels on FP8-quantised
+// activations (x before W1/W3, h before W2), the official W4A8 numerics.
+#include <cstdio>
+#include <map>
+
+#include "backend/cuda/act_quant.h"
+#include "backend/cuda/check.h"
+#include "backend/cuda/device.h"
+#include "backend/cuda/linear_kernels.cuh"
+#include "backend/cuda/moe.h"
+
+namespace dsv4::cuda {
+namespace {
+using namespace detail;
+
+constexpr int kMaxExperts = 1024;
+constexpr int kGemvTile = 16;
+constexpr int kWarps = 8;
+
+struct Tile {
+  int32_t expert, start, count, pad;
+};
+
+__global__ void group_kernel(const int32_t* __restrict__ experts, int pairs, int E, int T,
+                             int32_t* __restrict__ slot_pair, Tile* __restrict__ tiles, int32_t* __restrict__ n_tiles) {
+  __shared__ int cnt[kMaxExperts];
+  __shared__ int cur[kMaxExperts];
+  for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
+  __syncthreads();
+  for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
+    const int e = experts[i];
+    if (e >= 0 && e < E) atomicAdd(&cnt[e], 1);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int off = 0, nt = 0;
+    for (int e = 0; e < E; ++e) {
+      cur[e] = off;
+      for (int s = 0; s < cnt[e]; s += T) tiles[nt++] = Tile{e, off + s, min(T, cnt[e] - s), 0};
+      off += cnt[e];
+    }
+    *n_tiles = nt;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
+    const int e = experts[i];
+    if (e >= 0 && e < E) slot_pair[atomicAdd(&cur[e], 1)] = i;
+  }
+}
+
+__device__ __forceinline__ float swiglu(float g, float v, float limit) {
+  if (limit > 0.f) {
+    g = fminf(g, limit);
+    v = fminf(fmaxf(v, -limit), limit);
+  }
+  return g / (1.f + expf(-g)) * v;
+}
+
+template <int F, int R, bool VEC>
+__device__ __forceinline__ void gateup_rows(const DevWeight& w1, const DevWeight& w3, int64_t i, const Tile& t,
+                                            const int32_t* slot_pair, int K, const float* x, int64_t d, int64_t I,
+                                            float limit, float* H) {
+  const float* xs[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) xs[r] = x + static_cast<int64_t>(slot_pair[t.start + (r < t.count ? r : 0)] / K) * d;
+  float g[R], v[R];
+  gemv_warp<F, R, VEC>(w1, i, xs, t.count, g);
+  gemv_warp<F, R, VEC>(w3, i, xs, t.count, v);
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+    if (r == lane && r < t.count) H[static_cast<int64_t>(t.start + r) * I + i] = swiglu(g[r], v[r], limit);
+}
+
+// Table per expert: [w1, w2, w3].
+template <int F, bool VEC>
+__global__ void __launch_bounds__(kWarps * 32) gateup_gemv(const DevWeight* __restrict__ tab, const Tile* __restrict__ tiles,
+                                                           const int32_t* __restrict__ n_tiles, const int32_t* __restrict__ slot_pair,
+                                                           int K, const float* __restrict__ x, int64_t d, int64_t I, float limit,
+                                                           float* __restrict__ H) {
+  if (static_cast<int>(blockIdx.y) >= *n_tiles) return;
+  const Tile t = tiles[blockIdx.y];
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (i >= I) return;
+  const DevWeight w1 = tab[3 * t.expert], w3 = tab[3 * t.expert + 2];
+  // Smallest compiled row count covering this tile (decode: 1 token per expert).
+  if (t.count <= 1) return gateup_rows<F, 1, VEC>(w1, w3, i, t, slot_pair, K, x, d, I, limit, H);
+  if (t.count <= 4) return gateup_rows<F, 4, VEC>(w1, w3, i, t, slot_pair, K, x, d, I, limit, H);
+  return gateup_rows<F, kGemvTile, VEC>(w1, w3, i, t, slot_pair, K, x, d, I, limit, H);
+}
+
+template <int F, int R, bool VEC>
+__device__ __forceinline__ void down_rows(const DevWeight& w2, int64_t o, const Tile& t, const int32_t* slot_pair,
+                                          const float* H, int64_t d, int64_t I, float* Y) {
+  const float* xs[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) xs[r] = H + static_cast<int64_t>(t.start + (r < t.count ? r : 0)) * I;
+  float acc[R];
+  gemv_warp<F, R, VEC>(w2, o, xs, t.count, acc);
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+    if (r == lane && r < t.count) Y[static_cast<int64_t>(slot_pair[t.start + r]) * d + o] = acc[r];
+}
+
+template <int F, bool VEC>
+__global__ void __launch_bounds__(kWarps * 32) down_gemv(const DevWeight* __restrict__ tab, const Tile* __restrict__ tiles,
+                                                         const int32_t* __restrict__ n_tiles, const int32_t* __restrict__ slot_pair,
+                                                         const float* __restrict__ H, int64_t d, int64_t I, float* __restrict__ Y) {
+  if (static_cast<int>(blockIdx.y) >= *n_tiles) return;
+  const Tile t = tiles[blockIdx.y];
+  const int64_t o = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (o >= d) return;
+  const DevWeight w2 = tab[3 * t.expert + 1];
+  if (t.count <= 1) return down_rows<F, 1, VEC>(w2, o, t, slot_pair, H, d, I, Y);
+  if (t.count <= 4) return down_rows<F, 4, VEC>(w2, o, t, slot_pair, H, d, I, Y);
+  return down_rows<F, kGemvTile, VEC>(w2, o, t, slot_pair, H, d, I, Y);
+}
+
+// ---- many tokens per expert: SIMT tiles -------------------------------------------------------
+
+struct GatherX {
+  const float* x;
+  const int32_t* slot_pair;
+  int start, K;
+  int64_t d;
+  __device__ const float* operator()(int m) const { return x + static_cast<int64_t>(slot_pair[start + m] / K) * d; }
+};
+struct SlotRows {
+  float* base;
+  int start;
+  int64_t ld;
+  __device__ float* operator()(int m) const { return base + static_cast<int64_t>(start + m) * ld; }
+};
+struct SlotRowsConst {
+  const float* base;
+  int start;
+  int64_t ld;
+  __device__ const float* operator()(int m) const { return base + static_cast<int64_t>(start + m) * ld; }
+};
+struct PairRows {
+  float* Y;
+  const int32_t* slot_pair;
+  int start;
+  int64_t d;
+  __device__ float* operator()(int m) const { return Y + static_cast<int64_t>(slot_pair[start + m]) * d; }
+};
+
+// blockIdx.z = 0: G = W1 x, 1: V = W3 x.
+__global__ void __launch_bounds__(kTileThreads) gateup_tile(const DevWeight* __restrict__ tab, const Tile* __restrict__ tiles,
+                                                            const int32_t* __restrict__ n_tiles, const int32_t* __restrict__ slot_pair,
+                                                            int K, const float* __restrict__ x, int64_t d, int64_t I, float* G,
+                                                            float* V) {
+  if (static_cast<int>(blockIdx.y) >= *n_tiles) return;
+  const Tile t = tiles[blockIdx.y];
+  const DevWeight w = tab[3 * t.expert + (blockIdx.z ? 2 : 0)];
+  tile_gemm(w, 0, I, static_cast<int64_t>(blockIdx.x) * kTileN, t.count, GatherX{x, slot_pair, t.start, K, d},
+            SlotRows{blockIdx.z ? V : G, t.start, I});
+}
+
+__global__ void swiglu_kernel(float* G, const float* V, int64_t n, float limit) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) G[i] = swiglu(G[i], V[i], limit);
+}
+
+__global__ void __launch_bounds__(kTileThreads) down_tile(const DevWeight* __restrict__ tab, const Tile* __restrict__ tiles,
+                                                          const int32_t* __restrict__ n_tiles, const int32_t* __restrict__ slot_pair,
+                                                          const float* __restrict__ H, int64_t d, int64_t I, float* __restrict__ Y) {
+  if (static_cast<int>(blockIdx.y) >= *n_tiles) return;
+  const Tile t = tiles[blockIdx.y];
+  tile_gemm(tab[3 * t.expert + 1], 0, d, static_cast<int64_t>(blockIdx.x) * kTileN, t.count,
+            SlotRowsConst{H, t.start, I}, PairRows{Y, slot_pair, t.start, d});
+}
+
+__global__ void combine_kernel(const float* __restrict__ Y, const int32_t* __restrict__ experts,
+                               const float* __restrict__ weights, int64_t R, int K, int E, int64_t d,
+                               float* __restrict__ out) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= R * d) return;
+  const int64_t r = i / d, c = i % d;
+  float acc = 0.f;
+  for (int k = 0; k < K; ++k) {
+    const int e = experts[r * K + k];
+    if (e >= 0 && e < E) acc += weights[r * K + k] * Y[(r * K + k) * d + c];
+  }
+  out[i] += acc;
+}
+
+unsigned blocks256(int64_t n) { return static_cast<unsigned>((n + 255) / 256); }
+
+void grow(DeviceBuffer& b, size_t bytes) {
+  if (b.bytes() < bytes) b = DeviceBuffer(bytes + bytes / 4);
+}
+
+}  // namespace
+
+struct MoeRunner::Impl {
+  struct Table {
+    DeviceBuffer tab;
+    int fmt = 0;
+    bool aligned = false;  // every weight 16-byte aligned (VEC GEMV)
+  };
+  std::map<std::pair<const void*, size_t>, Table> tables;
+  DeviceBuffer slot_pair, tiles, n_tiles, H, G, V, Y, xq;
+
+  const Table& table(const ExpertSet& set) {
+    const size_t E = set.w1.size();
+    DSV4_CHECK(E > 0 && E <= kMaxExperts && set.w2.size() == E && set.w3.size() == E, "MoeRunner: bad expert set");
+    const auto key = std::make_pair(static_cast<const void*>(set.w1[0].data), E);
+    auto it = tables.find(key);
+    if (it != tables.end()) return it->second;
+    std::vector<DevWeight> host(3 * E);
+    Table t;
+    t.aligned = true;
+    for (size_t e = 0; e < E; ++e) {
+      const WeightView* ws[3] = {&set.w1[e], &set.w2[e], &set.w3[e]};
+      for (int j = 0; j < 3; ++j) {
+        host[3 * e + j] = dev_weight(*ws[j]);
+        t.aligned = t.aligned && reinterpret_cast<uintptr_t>(ws[j]->data) % 16 == 0;
+      }
+      DSV4_CHECK(set.w1[e].out == set.I && set.w1[e].in == set.d && set.w3[e].out == set.I && set.w3[e].in == set.d &&
+                     set.w2[e].out == set.d && set.w2[e].in == set.I,
+                 "MoeRunner: expert ", e, " shape mismatch");
+    }
+    t.fmt = host[0].fmt;
+    for (const auto& w : host) DSV4_CHECK(w.fmt == t.fmt, "MoeRunner: experts must share one format");
+    t.tab = to_device(host);
+    return tables.emplace(key, std::move(t)).first->second;
+  }
+};
+
+MoeRunner::MoeRunner() : impl_(std::make_unique<Impl>()) {}
+MoeRunner::~MoeRunner() = default;
+
+namespace {
+
+template <int F, bool VEC>
+void launch_gemv(const DevWeight* tab, const Tile* tiles, const int32_t* nt, const int32_t* sp, int K, const float* x,
+                 int64_t d, int64_t I, float limit, float* H, const float* Hin, float* Y, unsigned max_tiles,
+                 bool gate, cudaStream_t s) {
+  if (gate) {
+    const dim3 grid(static_cast<unsigned>((I + kWarps - 1) / kWarps), max_tiles);
+    gateup_gemv<F, VEC><<<grid, kWarps * 32, 0, s>>>(tab, tiles, nt, sp, K, x, d, I, limit, H);
+  } else {
+    const dim3 grid(static_cast<unsigned>((d + kWarps - 1) / kWarps), max_tiles);
+    down_gemv<F, VEC><<<grid, kWarps * 32, 0, s>>>(tab, tiles, nt, sp, Hin, d, I, Y);
+  }
+  DSV4_CUDA_LAUNCH_CHECK();
+}
+
+template <bool VEC>
+void dispatch_gemv(int fmt, const DevWeight* tab, const Tile* tiles, const int32_t* nt, const int32_t* sp, int K,
+                   const float* x, int64_t d, int64_t I, float limit, float* H, const float* Hin, float* Y,
+                   unsigned max_tiles, bool gate, cudaStream_t s) {
+  switch (fmt) {
+    case kF32: return launch_gemv<kF32, VEC>(tab, tiles, nt, sp, K, x, d, I, limit, H, Hin, Y, max_tiles, gate, s);
+    case kBF16: return launch_gemv<kBF16, VEC>(tab, tiles, nt, sp, K, x, d, I, limit, H, Hin, Y, max_tiles, gate, s);
+    case kFP8: return launch_gemv<kFP8, VEC>(tab, tiles, nt, sp, K, x, d, I, limit, H, Hin, Y, max_tiles, gate, s);
+    default: return launch_gemv<kFP4, VEC>(tab, tiles, nt, sp, K, x, d, I, limit, H, Hin, Y, max_tiles, gate, s);
+  }
+}
+
+}  // namespace
+
+void MoeRunner::run(const ExpertSet& set, const float* x, int64_t R, const int32_t* experts, const float* weights,
+                    int64_t K, float limit, float* out, Precision p, cudaStream_t s) {
+  if (R <= 0 || K <= 0) return;
+  Impl& m = *impl_;
+  const Impl::Table& tb = m.table(set);
+  const int E = static_cast<int>(set.w1.size());
+  const int64_t d = set.d, I = set.I, pairs = R * K;
+  DSV4_CHECK(pairs < (1ll << 31), "MoeRunner: too many (row, k) pairs");
+  // Few tokens per expert on average: GEMV tiles; otherwise 64-token SIMT tiles.
+  const bool gemv = pairs <= 8ll * E;
+  const int T = gemv ? kGemvTile : kTileM;
+  const unsigned max_tiles = static_cast<unsigned>((pairs + T - 1) / T + std::min<int64_t>(E, pairs));
+  DSV4_CHECK(max_tiles < 65536u, "MoeRunner: tile grid too large (R too big for one call)");
+
+  grow(m.slot_pair, pairs * sizeof(int32_t));
+  grow(m.tiles, max_tiles * sizeof(Tile));
+  grow(m.n_tiles, sizeof(int32_t));
+  grow(m.H, pairs * I * sizeof(float));
+  grow(m.Y, pairs * d * sizeof(float));
+  const DevWeight* tab = tb.tab.as<DevWeight>();
+  int32_t* sp = m.slot_pair.as<int32_t>();
+  Tile* tiles = m.tiles.as<Tile>();
+  int32_t* nt = m.n_tiles.as<int32_t>();
+  float* H = m.H.as<float>();
+  float* Y = m.Y.as<float>();
+
+  group_kernel<<<1, 1024, 0, s>>>(experts, static_cast<int>(pairs), E, T, sp, tiles, nt);
+  DSV4_CUDA_LAUNCH_CHECK();
+
+  const float* xin = x;
+  if (p == Precision::Fast) {
+    grow(m.xq, R * d * sizeof(float));
+    act_fake_quant_fp8(x, R, d, d, m.xq.as<float>(), d, s);
+    xin = m.xq.as<float>();
+  }
+
+  if (gemv) {
+    // The GEMV reads x rows (ld d) and h rows (ld I) with float4 loads.
+    const bool vec = tb.aligned && reinterpret_cast<uintptr_t>(xin) % 16 == 0 && d % 32 == 0 && I % 32 == 0;
+    auto run_gemv = [&](bool gate) {
+      if (vec)
+        dispatch_gemv<true>(tb.fmt, tab, tiles, nt, sp, static_cast<int>(K), xin, d, I, limit, H, H, Y, max_tiles,
+                            gate, s);
+      else
+        dispatch_gemv<false>(tb.fmt, tab, tiles, nt, sp, static_cast<int>(K), xin, d, I, limit, H, H, Y, max_tiles,
+                             gate, s);
+    };
+    run_gemv(true);
+    if (p == Precision::Fast) act_fake_quant_fp8(H, pairs, I, I, H, I, s);
+    run_gemv(false);
+  } else {
+    grow(m.G, pairs * I * sizeof(float));
+    float* G = m.G.as<float>();
+    const dim3 g1(static_cast<unsigned>((I + kTileN - 1) / kTileN), max_tiles, 2);
+    gateup_tile<<<g1, kTileThreads, 0, s>>>(tab, tiles, nt, sp, static_cast<int>(K), xin, d, I, G, H);
+    DSV4_CUDA_LAUNCH_CHECK();
+    swiglu_kernel<<<blocks256(pairs * I), 256, 0, s>>>(G, H, pairs * I, limit);
+    DSV4_CUDA_LAUNCH_CHECK();
+    if (p == Precision::Fast) act_fake_quant_fp8(G, pairs, I, I, G, I, s);
+    const dim3 g2(static_cast<unsigned>((d + kTileN - 1) / kTileN), max_tiles);
+    down_tile<<<g2, kTileThreads, 0, s>>>(tab, tiles, nt, sp, G, d, I, Y);
+    DSV4_CUDA_LAUNCH_CHECK();
+  }
+  combine_kernel<<<blocks256(R * d), 256, 0, s>>>(Y, experts, weights, R, static_cast<int>(K), E, d, out);
+  DSV4_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace dsv4::cuda

@@ -1,0 +1,189 @@
+// bench_linear: FastLinear (FP8 block weights) at V4-Flash shapes and the routed MoE (256
+// experts, top-6, d 4096, I 2048, FP4) on random device weights. Prints the median of >= 20
+// timed calls (cudaEvent, after warm-up; weights rotated over copies larger than L2 when one
+// copy would fit in it), the floor max(bytes / 4.2e12 B/s, FLOPs / 1.0e15 FLOP/s) and the ratio.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "backend/cuda/check.h"
+#include "backend/cuda/device.h"
+#include "backend/cuda/linear.h"
+#include "backend/cuda/moe.h"
+
+using namespace dsv4;
+using namespace dsv4::cuda;
+
+namespace {
+
+constexpr double kBandwidth = 4.2e12, kFp8Flops = 1.0e15;
+constexpr size_t kRotateBytes = 256ull << 20;  // > 50 MB L2 by a wide margin
+constexpr int kReps = 25, kWarm = 3;
+
+// Random bytes with a bit mask (e4m3 codes: 0x77 keeps |v| <= 240, never NaN; e2m1: any).
+__global__ void fill_kernel(uint8_t* p, size_t n, uint32_t seed, uint8_t mask, uint8_t add) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed;
+    h ^= h >> 13;
+    h *= 0x5bd1e995u;
+    h ^= h >> 15;
+    p[i] = static_cast<uint8_t>((h & mask) + add);
+  }
+}
+
+void fill(DeviceBuffer& b, uint32_t seed, uint8_t mask, uint8_t add) {
+  fill_kernel<<<1024, 256>>>(b.as<uint8_t>(), b.bytes(), seed, mask, add);
+  DSV4_CUDA_LAUNCH_CHECK();
+}
+
+template <class F>
+double median_us(F call) {
+  cudaEvent_t a, b;
+  DSV4_CUDA_CHECK(cudaEventCreate(&a));
+  DSV4_CUDA_CHECK(cudaEventCreate(&b));
+  for (int i = 0; i < kWarm; ++i) call(i);
+  std::vector<float> t;
+  for (int i = 0; i < kReps; ++i) {
+    DSV4_CUDA_CHECK(cudaEventRecord(a));
+    call(kWarm + i);
+    DSV4_CUDA_CHECK(cudaEventRecord(b));
+    DSV4_CUDA_CHECK(cudaEventSynchronize(b));
+    float ms;
+    DSV4_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2] * 1e3;
+}
+
+void report(const char* what, double us, double bytes, double flops) {
+  const double floor_us = std::max(bytes / kBandwidth, flops / kFp8Flops) * 1e6;
+  std::printf("%-34s %10.1f us  floor %8.1f us (%s)  ratio %5.2f  %7.1f TFLOP/s %7.0f GB/s\n", what, us, floor_us,
+              bytes / kBandwidth > flops / kFp8Flops ? "bytes" : "flops", us / floor_us, flops / us * 1e-6,
+              bytes / us * 1e-3);
+}
+
+void bench_fp8_linear(FastLinear& fast, const char* name, int64_t out, int64_t in) {
+  const size_t wbytes = static_cast<size_t>(out * in), sbytes = static_cast<size_t>((out / 128) * (in / 128));
+  const int copies = static_cast<int>(std::max<size_t>(1, kRotateBytes / wbytes));
+  std::vector<DeviceBuffer> data, scale;
+  std::vector<WeightView> views;
+  for (int c = 0; c < copies; ++c) {
+    data.emplace_back(wbytes);
+    scale.emplace_back(sbytes);
+    fill(data.back(), 17 + c, 0x77, 0);
+    fill(scale.back(), 91 + c, 0x3, 120);
+  }
+  for (int c = 0; c < copies; ++c) {
+    WeightView w;
+    w.format = WeightFormat::FP8Block;
+    w.dtype = DType::F8_E4M3;
+    w.out = out;
+    w.in = in;
+    w.data = data[c].as<uint8_t>();
+    w.scale = scale[c].as<uint8_t>();
+    w.scale_cols = in / 128;
+    views.push_back(w);
+  }
+  for (int64_t rows : {1, 8, 64, 256, 4096}) {
+    DeviceBuffer x(static_cast<size_t>(rows * in) * 4), y(static_cast<size_t>(rows * out) * 4);
+    DSV4_CUDA_CHECK(cudaMemset(x.get(), 0, x.bytes()));
+    const double us = median_us([&](int i) {
+      fast.run(views[i % copies], x.as<float>(), rows, y.as<float>(), 0, out, in, out, nullptr);
+    });
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "fp8 %-5s %5lldx%-5lld rows %4lld", name, (long long)out, (long long)in, (long long)rows);
+    report(buf, us, double(wbytes + sbytes) + rows * in * 4.0 + rows * out * 4.0, 2.0 * rows * out * in);
+  }
+}
+
+void bench_moe() {
+  const int E = 256, K = 6;
+  const int64_t d = 4096, I = 2048;
+  std::vector<DeviceBuffer> bufs;
+  ExpertSet set;
+  set.d = d;
+  set.I = I;
+  auto make = [&](int64_t out, int64_t in, uint32_t seed) {
+    bufs.emplace_back(static_cast<size_t>(out * in / 2));
+    fill(bufs.back(), seed, 0xFF, 0);
+    const uint8_t* data = bufs.back().as<uint8_t>();
+    bufs.emplace_back(static_cast<size_t>(out * in / 32));
+    fill(bufs.back(), seed + 7, 0x3, 122);
+    WeightView w;
+    w.format = WeightFormat::FP4Group32;
+    w.dtype = DType::U8;
+    w.out = out;
+    w.in = in;
+    w.data = data;
+    w.scale = bufs.back().as<uint8_t>();
+    w.scale_cols = in / 32;
+    return w;
+  };
+  for (int e = 0; e < E; ++e) {
+    set.w1.push_back(make(I, d, 3 * e));
+    set.w2.push_back(make(d, I, 3 * e + 1));
+    set.w3.push_back(make(I, d, 3 * e + 2));
+  }
+  const double expert_bytes = 3.0 * (I * d / 2 + I * d / 32);
+  MoeRunner runner;
+  std::mt19937 g(7);
+  for (int64_t R : {1, 8, 64, 256}) {
+    // Eight routings to rotate through (different experts each call).
+    const int sets = 8;
+    std::vector<int32_t> ex(sets * R * K);
+    std::vector<float> wt(sets * R * K, 0.3f);
+    std::vector<int32_t> ids(E);
+    for (int i = 0; i < E; ++i) ids[i] = i;
+    double distinct = 0;
+    for (int s = 0; s < sets; ++s) {
+      std::vector<char> used(E, 0);
+      for (int64_t r = 0; r < R; ++r) {
+        std::shuffle(ids.begin(), ids.end(), g);
+        for (int k = 0; k < K; ++k) {
+          ex[(s * R + r) * K + k] = ids[k];
+          used[ids[k]] = 1;
+        }
+      }
+      for (char u : used) distinct += u;
+    }
+    distinct /= sets;
+    DeviceBuffer dex = to_device(ex), dwt = to_device(wt);
+    DeviceBuffer x(static_cast<size_t>(R * d) * 4), out(static_cast<size_t>(R * d) * 4);
+    DSV4_CUDA_CHECK(cudaMemset(x.get(), 0, x.bytes()));
+    DSV4_CUDA_CHECK(cudaMemset(out.get(), 0, out.bytes()));
+    for (Precision p : {Precision::Exact, Precision::Fast}) {
+      const double us = median_us([&](int i) {
+        const int s = i % sets;
+        runner.run(set, x.as<float>(), R, dex.as<int32_t>() + s * R * K, dwt.as<float>() + s * R * K, K, 10.f,
+                   out.as<float>(), p, nullptr);
+      });
+      char buf[96];
+      std::snprintf(buf, sizeof buf, "moe fp4 %s tokens %4lld (%3.0f exp)", p == Precision::Exact ? "exact" : "fast ",
+                    (long long)R, distinct);
+      report(buf, us, distinct * expert_bytes + R * d * 8.0, 2.0 * R * K * 3 * d * I);
+    }
+  }
+}
+
+}  // namespace
+
+int main() {
+  if (!available()) {
+    std::printf("no CUDA device\n");
+    return 0;
+  }
+  FastLinear fast;
+  bench_fp8_linear(fast, "wq_a", 1024, 4096);
+  bench_fp8_linear(fast, "wq_b", 32768, 1024);
+  bench_fp8_linear(fast, "wkv", 512, 4096);
+  bench_fp8_linear(fast, "wo_b", 4096, 8192);
+  bench_fp8_linear(fast, "w1", 2048, 4096);
+  bench_moe();
+  return 0;
+}
