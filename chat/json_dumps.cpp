@@ -11,8 +11,13 @@ namespace dsv4 {
 
 void json_quote_append(std::string_view s, std::string& out) {
   DSV4_CHECK(utf8_valid(s), "JSON string is not valid UTF-8");
-  static const char* hex = "0123456789abcdef";
   out.push_back('"');
+  json_escape_append(s, out);
+  out.push_back('"');
+}
+
+void json_escape_append(std::string_view s, std::string& out) {
+  static const char* hex = "0123456789abcdef";
   for (const char ch : s) {
     const auto c = static_cast<unsigned char>(ch);
     switch (c) {
@@ -33,7 +38,6 @@ void json_quote_append(std::string_view s, std::string& out) {
         }
     }
   }
-  out.push_back('"');
 }
 
 std::string json_quote(std::string_view s) {

@@ -17,6 +17,9 @@ void json_dumps_append(const ojson& v, std::string& out);
 // A JSON string literal (with quotes) for `s`, which must be valid UTF-8.
 std::string json_quote(std::string_view s);
 void json_quote_append(std::string_view s, std::string& out);
+// The body of a JSON string literal (no quotes, no UTF-8 validation): for streaming
+// fragments of model output, which must never make the parser throw.
+void json_escape_append(std::string_view s, std::string& out);
 // Python repr() of a float.
 std::string python_float_repr(double d);
 // Order-preserving parse; malformed text throws dsv4::Error.
