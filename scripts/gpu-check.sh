@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# On the GPU machine: configure + build the CUDA backend, run every GPU test (parity, model
+# goldens), compute-sanitizer on the op tests, then the benchmarks. Logs go to $OUT; the last
+# lines printed are a short summary. Usage: scripts/gpu-check.sh [tests|bench|all]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+MODE="${1:-all}"
+OUT="${OUT:-/tmp/dsv4-gpu-check}"
+LOG="$(mktemp -d)"  # many logs; $OUT gets them as one archive (the device returns at most 8 files)
+BUILD="${BUILD:-/tmp/dsv4-build}"
+JOBS="$(nproc)"
+mkdir -p "$OUT"
+summary=()
+
+GEN=()
+command -v ninja >/dev/null && GEN=(-G Ninja)
+if ! cmake -S . -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DDSV4_CUDA=ON -DDSV4_CHAT=OFF \
+     -DCMAKE_CUDA_COMPILER="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)" >"$LOG/configure.log" 2>&1; then
+  tail -30 "$LOG/configure.log"; cp "$LOG/configure.log" "$OUT/"; echo "configure FAILED"; exit 1
+fi
+if ! cmake --build "$BUILD" -j"$JOBS" >"$LOG/build.log" 2>&1; then
+  grep -E "error|Error" "$LOG/build.log" | head -40; cp "$LOG/build.log" "$OUT/"; echo "build FAILED"; exit 1
+fi
+summary+=("build ok")
+
+if [[ "$MODE" == tests || "$MODE" == all ]]; then
+  ctest --test-dir "$BUILD" --output-on-failure -j4 --timeout 600 >"$LOG/ctest.log" 2>&1
+  summary+=("ctest: $(grep -E 'tests passed|tests failed' "$LOG/ctest.log" | tail -1)")
+  grep -E "max \|cuda|fast vs exact" "$LOG/ctest.log" | sort -u >"$LOG/model-numbers.log"
+  for t in "$BUILD"/tests/cuda/*_test; do
+    [[ -x "$t" ]] || continue
+    name=$(basename "$t")
+    [[ "$name" == cuda_model_test ]] && filter="--gtest_filter=*/a" || filter=""
+    compute-sanitizer --tool memcheck --error-exitcode 9 "$t" $filter >"$LOG/sanitizer-$name.log" 2>&1
+    summary+=("memcheck $name: rc=$? $(grep -E 'ERROR SUMMARY' "$LOG/sanitizer-$name.log" | tail -1)")
+  done
+fi
+
+if [[ "$MODE" == bench || "$MODE" == all ]]; then
+  for b in "$BUILD"/bench/bench_*; do
+    [[ -x "$b" ]] || continue
+    "$b" >"$LOG/$(basename "$b").log" 2>&1
+    summary+=("$(basename "$b"): rc=$?")
+  done
+fi
+
+printf '%s\n' "${summary[@]}" | tee "$LOG/summary.log"
+tar -czf "$OUT/gpu-logs.tgz" -C "$LOG" .
+cp "$LOG/summary.log" "$OUT/" 2>/dev/null
+[[ -f "$LOG/model-numbers.log" ]] && cp "$LOG/model-numbers.log" "$OUT/"
+true
