@@ -153,7 +153,7 @@ int64_t CudaModel::forward_device(std::span<const DeviceChunk> chunks, bool all_
   const size_t off_tok = blob.add(tokens), off_pos = blob.add(pos), off_out = blob.add(out_rows);
   struct LayerDesc {
     size_t attn = 0, idx_rows = 0, cmp_jobs = 0, idx_jobs = 0;
-    int64_t n_cmp = 0, n_idx = 0;
+    int64_t n_cmp = 0, n_idx = 0, max_visible = 0;
   };
   std::vector<LayerDesc> ld(dw_.layers.size());
   for (size_t li = 0; li < dw_.layers.size(); ++li) {
@@ -172,6 +172,7 @@ int64_t CudaModel::forward_device(std::span<const DeviceChunk> chunks, bool all_
           a.sel = sel + r * topk;
           a.n_sel = topk;
           irows.push_back(cuda::IndexerRow{st.idx_keys, (p + 1) / m});
+          ld[li].max_visible = std::max(ld[li].max_visible, (p + 1) / m);
         }
         arows.push_back(a);
       }
@@ -243,7 +244,7 @@ int64_t CudaModel::forward_device(std::span<const DeviceChunk> chunks, bool all_
       linear(L.idx_weights_proj, u, R, omega, 0, -1, -1, -1, true);
       cuda::scale_inplace(omega, R * nI, 1.0f / std::sqrt(static_cast<float>(dI)) / std::sqrt(static_cast<float>(nI)), s);
       cuda::indexer_topk(qI, omega, reinterpret_cast<const cuda::IndexerRow*>(at(ld[li].idx_rows)), R, nI, dI, topk,
-                         sel, s);
+                         std::max<int64_t>(ld[li].max_visible, 1), sel, s);
     }
     cuda::sparse_attention(q, reinterpret_cast<const cuda::AttnRow*>(at(ld[li].attn)), R, H, D, W, L.sink, o, s);
     cuda::rope(o, R, H, D, rope, P, d_pos, true, s);

@@ -1,6 +1,7 @@
 // Loads a golden case (tests/model/data/<name>): config, case settings, oracle logits, and
 // writes its quantised checkpoint + dequantised twin with make-tiny's generator.
 #pragma once
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -19,7 +20,12 @@
 
 namespace dsv4::test {
 
-inline std::string source_dir() { return DSV4_SOURCE_DIR; }
+// The environment wins over the compiled-in path so binaries built elsewhere (carried to the GPU
+// machine) find the test data of the checkout they run in.
+inline std::string source_dir() {
+  const char* env = std::getenv("DSV4_SOURCE_DIR");
+  return env && *env ? env : DSV4_SOURCE_DIR;
+}
 
 struct GoldenCase {
   std::string name;
