@@ -77,6 +77,11 @@ struct IndexerRow {
 // index), remaining slots -1.
 void indexer_topk(const float* q, const float* omega, const IndexerRow* rows, int64_t R, int64_t nh, int64_t hd,
                   int64_t topk, int32_t* out, cudaStream_t s);
+// Same, given an upper bound of n_visible over the rows (sizes the stream-ordered score
+// scratch): no host sync, CUDA-graph capturable. The form above reads `rows` back to find it.
+// topk <= 2048.
+void indexer_topk(const float* q, const float* omega, const IndexerRow* rows, int64_t R, int64_t nh, int64_t hd,
+                  int64_t topk, int64_t max_visible, int32_t* out, cudaStream_t s);
 
 // ---- attention (model/attention.cpp is the twin) -------------------------------------------------
 

@@ -1,0 +1,220 @@
+// Shared-KV sparse attention (twin: attend() over the key list built in attention_forward).
+// All H heads of a row attend to the same keys (K = V), so a block takes one row and a group
+// of 8 heads, streams the row's keys through shared memory 32 at a time and uses every staged
+// key for all 8 heads (QK^T: warps split the head dim; PV: threads own output columns), with
+// an online softmax whose running max starts at the sink logit (always finite; a masked key
+// contributes exactly 0). Small batches also split the key list across blocks (flash-decoding)
+// and a second kernel merges the partial (max, sum, acc) triples with the sink term.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "backend/cuda/check.h"
+#include "backend/cuda/ops.h"
+#include "backend/cuda/ops_common.cuh"
+
+namespace dsv4::cuda {
+
+using detail::ceil_div;
+using detail::sm_count;
+
+namespace {
+
+constexpr int kAH = 8;        // heads per block (= warps)
+constexpr int kAK = 32;       // keys per tile (= lanes)
+constexpr int kAThreads = 256;
+constexpr int kMaxD = 2 * kAThreads;  // PV: each thread owns two output columns
+
+struct AttnSmem {
+  // Offsets (in floats) into the dynamic shared buffer for a head dim D.
+  int64_t ks, qs, red, p, total;
+  explicit __host__ __device__ AttnSmem(int64_t D)
+      : ks(0), qs(kAK * (D + 4)), red(qs + kAH * D), p(red + kAH * kAH * kAK), total(p + kAK * kAH) {}
+};
+
+// Key j of a row's list: window positions first, then compressed entries; nullptr = masked.
+__device__ __forceinline__ const float* key_ptr(const AttnRow& row, int64_t j, int64_t lo, int64_t nwin, int64_t W,
+                                                int64_t D) {
+  if (j < nwin) {
+    const int64_t t = lo + j;
+    return t >= row.chunk_p0 ? row.chunk_kv + (t - row.chunk_p0) * D : row.ring + (t % W) * D;
+  }
+  const int64_t i = j - nwin;
+  if (row.sel) {
+    const int32_t e = row.sel[i];
+    return e >= 0 ? row.entries + int64_t(e) * D : nullptr;
+  }
+  return row.entries + i * D;
+}
+
+// partial == nullptr: write normalised o. Else write [R, H, nsplit] (m, l) pairs to ml and
+// unnormalised accumulators [R, H, nsplit, D] to partial.
+__global__ void __launch_bounds__(kAThreads)
+    attention_kernel(const float* q, const AttnRow* rows, int64_t H, int64_t D, int64_t W, const float* sink,
+                     float scale, float* o, int nsplit, float* partial, float2* ml) {
+  extern __shared__ __align__(16) float sm[];
+  const AttnSmem L(D);
+  float* Ks = sm + L.ks;   // [kAK][D + 4]: the pad keeps lanes of one column on distinct banks
+  float* Qs = sm + L.qs;   // [kAH][D]
+  float* red = sm + L.red;  // [kAH warps][kAH heads][kAK]
+  float* Ps = sm + L.p;     // [kAK][kAH] probabilities; then alpha [kAH]
+  __shared__ const float* kp[kAK];
+  __shared__ float alpha[kAH], s_m[kAH], s_l[kAH];
+
+  const int64_t r = blockIdx.y, h0 = blockIdx.x * int64_t(kAH);
+  const int split = blockIdx.z;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const AttnRow row = rows[r];
+  const int64_t lo = std::max<int64_t>(0, row.pos - W + 1), nwin = row.pos - lo + 1;
+  const int64_t nkeys = nwin + (row.sel ? row.n_sel : row.n_entries);
+  const int64_t chunk = ceil_div(ceil_div(nkeys, nsplit), kAK) * kAK;
+  const int64_t kb = std::min<int64_t>(nkeys, split * chunk), ke = std::min<int64_t>(nkeys, kb + chunk);
+  const int64_t D4 = D / 4, ldk = D + 4;
+
+  for (int64_t i = tid; i < kAH * D4; i += kAThreads) {
+    const int64_t h = i / D4, c = i % D4;
+    reinterpret_cast<float4*>(Qs)[i] =
+        h0 + h < H ? reinterpret_cast<const float4*>(q + (r * H + h0 + h) * D)[c] : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  // Softmax state of head `warp` lives in that warp's registers (warp-uniform).
+  const int64_t hw = h0 + warp;
+  float m_run = hw < H ? sink[hw] : 0.f, l_run = 0.f;
+  float2 acc[kAH];
+#pragma unroll
+  for (int h = 0; h < kAH; ++h) acc[h] = make_float2(0.f, 0.f);
+
+  for (int64_t t0 = kb; t0 < ke; t0 += kAK) {
+    if (tid < kAK) kp[tid] = t0 + tid < ke ? key_ptr(row, t0 + tid, lo, nwin, W, D) : nullptr;
+    __syncthreads();  // kp ready; previous tile's Ks / Ps no longer read
+    for (int64_t i = tid; i < kAK * D4; i += kAThreads) {
+      const int64_t s = i / D4, c = i % D4;
+      const float* k = kp[s];
+      reinterpret_cast<float4*>(Ks + s * ldk)[c] =
+          k ? reinterpret_cast<const float4*>(k)[c] : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    __syncthreads();
+    // QK^T: lane = key, warp = slice of the head dim, 8 head accumulators.
+    float dots[kAH];
+#pragma unroll
+    for (int h = 0; h < kAH; ++h) dots[h] = 0.f;
+    for (int64_t c = warp; c < D4; c += kAH) {
+      const float4 kv = reinterpret_cast<const float4*>(Ks + lane * ldk)[c];
+#pragma unroll
+      for (int h = 0; h < kAH; ++h) {
+        const float4 qv = reinterpret_cast<const float4*>(Qs + h * D)[c];
+        dots[h] += qv.x * kv.x + qv.y * kv.y + qv.z * kv.z + qv.w * kv.w;
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < kAH; ++h) red[(warp * kAH + h) * kAK + lane] = dots[h];
+    __syncthreads();
+    // Online softmax: warp = head, lane = key.
+    {
+      float logit = 0.f;
+      for (int w = 0; w < kAH; ++w) logit += red[(w * kAH + warp) * kAK + lane];
+      logit *= scale;
+      const bool valid = kp[lane] != nullptr;
+      const float tmax = detail::warp_max(valid ? logit : -INFINITY);
+      const float m_new = fmaxf(m_run, tmax);
+      const float p = valid ? expf(logit - m_new) : 0.f;
+      const float psum = detail::warp_sum(p);
+      const float a = expf(m_run - m_new);
+      l_run = l_run * a + psum;
+      m_run = m_new;
+      Ps[lane * kAH + warp] = p;
+      if (lane == 0) alpha[warp] = a;
+    }
+    __syncthreads();
+    // PV: thread owns columns 2 tid, 2 tid + 1 of all 8 heads.
+    if (2 * tid < D) {
+#pragma unroll
+      for (int h = 0; h < kAH; ++h) {
+        acc[h].x *= alpha[h];
+        acc[h].y *= alpha[h];
+      }
+      const int ns = static_cast<int>(std::min<int64_t>(kAK, ke - t0));
+      for (int s = 0; s < ns; ++s) {
+        const float2 kv = reinterpret_cast<const float2*>(Ks + s * ldk)[tid];
+        const float4 pa = reinterpret_cast<const float4*>(Ps + s * kAH)[0];
+        const float4 pb = reinterpret_cast<const float4*>(Ps + s * kAH)[1];
+        const float pv[kAH] = {pa.x, pa.y, pa.z, pa.w, pb.x, pb.y, pb.z, pb.w};
+#pragma unroll
+        for (int h = 0; h < kAH; ++h) {
+          acc[h].x += pv[h] * kv.x;
+          acc[h].y += pv[h] * kv.y;
+        }
+      }
+    }
+  }
+  if (lane == 0) {
+    s_m[warp] = m_run;
+    s_l[warp] = l_run;
+  }
+  __syncthreads();
+  if (2 * tid >= D) return;
+  for (int h = 0; h < kAH; ++h) {
+    const int64_t hh = h0 + h;
+    if (hh >= H) break;
+    if (partial) {
+      const int64_t slot = (r * H + hh) * nsplit + split;
+      reinterpret_cast<float2*>(partial + slot * D)[tid] = acc[h];
+      if (tid == 0) ml[slot] = make_float2(s_m[h], s_l[h]);
+    } else {
+      const float inv = 1.0f / (s_l[h] + expf(sink[hh] - s_m[h]));
+      reinterpret_cast<float2*>(o + (r * H + hh) * D)[tid] = make_float2(acc[h].x * inv, acc[h].y * inv);
+    }
+  }
+}
+
+// o[r, h] = Σ_s e^{m_s - M} acc_s / (Σ_s e^{m_s - M} l_s + e^{sink - M}).
+__global__ void attention_merge_kernel(const float* partial, const float2* ml, int64_t H, int64_t D, int nsplit,
+                                       const float* sink, float* o) {
+  const int64_t rh = blockIdx.x, h = rh % H;
+  const float2* mls = ml + rh * nsplit;
+  float M = sink[h];
+  for (int s = 0; s < nsplit; ++s) M = fmaxf(M, mls[s].x);
+  float den = expf(sink[h] - M);
+  for (int s = 0; s < nsplit; ++s) den += expf(mls[s].x - M) * mls[s].y;
+  const float inv = 1.0f / den;
+  for (int64_t c = threadIdx.x; c < D; c += blockDim.x) {
+    float v = 0.f;
+    for (int s = 0; s < nsplit; ++s) v += expf(mls[s].x - M) * partial[(rh * nsplit + s) * D + c];
+    o[rh * D + c] = v * inv;
+  }
+}
+
+}  // namespace
+
+void sparse_attention(const float* q, const AttnRow* rows, int64_t R, int64_t H, int64_t D, int64_t W,
+                      const float* sink, float* o, cudaStream_t s) {
+  DSV4_CHECK(D % 4 == 0 && D <= kMaxD, "cuda::sparse_attention: head dim must be a multiple of 4, <= ", kMaxD);
+  DSV4_CHECK(W >= 1, "cuda::sparse_attention: window must be >= 1");
+  if (R == 0 || H == 0) return;
+  const int64_t groups = ceil_div(H, kAH);
+  // Fewer blocks than ~2 waves: split each row's keys (at most 16 ways).
+  const int nsplit = static_cast<int>(std::clamp<int64_t>(ceil_div(2 * sm_count(), R * groups), 1, 16));
+  const size_t smem = AttnSmem(D).total * sizeof(float);
+  DSV4_CUDA_CHECK(cudaFuncSetAttribute(attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(smem)));
+  const dim3 grid(static_cast<unsigned>(groups), static_cast<unsigned>(R), static_cast<unsigned>(nsplit));
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  if (nsplit == 1) {
+    attention_kernel<<<grid, kAThreads, smem, s>>>(q, rows, H, D, W, sink, scale, o, 1, nullptr, nullptr);
+    DSV4_CUDA_LAUNCH_CHECK();
+    return;
+  }
+  float* partial = nullptr;
+  float2* ml = nullptr;
+  // Stream-ordered scratch: no host sync, capturable into a CUDA graph.
+  DSV4_CUDA_CHECK(cudaMallocAsync(&partial, R * H * nsplit * D * sizeof(float), s));
+  DSV4_CUDA_CHECK(cudaMallocAsync(&ml, R * H * nsplit * sizeof(float2), s));
+  attention_kernel<<<grid, kAThreads, smem, s>>>(q, rows, H, D, W, sink, scale, o, nsplit, partial, ml);
+  DSV4_CUDA_LAUNCH_CHECK();
+  attention_merge_kernel<<<R * H, 128, 0, s>>>(partial, ml, H, D, nsplit, sink, o);
+  DSV4_CUDA_LAUNCH_CHECK();
+  DSV4_CUDA_CHECK(cudaFreeAsync(partial, s));
+  DSV4_CUDA_CHECK(cudaFreeAsync(ml, s));
+}
+
+}  // namespace dsv4::cuda

@@ -1,0 +1,60 @@
+// Device helpers shared by the op kernels: warp/block reductions with a fixed summation order
+// (so results do not depend on scheduling), order-preserving float keys for radix selection.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace dsv4::cuda::detail {
+
+constexpr unsigned kFull = 0xffffffffu;
+
+template <typename T>
+__device__ __forceinline__ T warp_sum(T v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFull, v, o));
+  return v;
+}
+
+// Sum over the block, returned to every thread. scratch: >= 32 elements of shared memory.
+// Warp sums are added in warp order by every thread: deterministic for a fixed block size.
+template <typename T>
+__device__ T block_sum(T v, T* scratch) {
+  v = warp_sum(v);
+  __syncthreads();  // scratch may still be read by a previous call
+  if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = v;
+  __syncthreads();
+  T r = 0;
+  const int nw = (blockDim.x + 31) >> 5;
+  for (int w = 0; w < nw; ++w) r += scratch[w];
+  return r;
+}
+
+// Monotone map float -> uint32 (larger float, larger key); -0 maps like +0 so that the two
+// zeros tie, as they do under the CPU's float comparisons.
+__device__ __forceinline__ uint32_t float_key(float f) {
+  if (f == 0.0f) f = 0.0f;
+  const uint32_t b = __float_as_uint(f);
+  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+__device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+__host__ __device__ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Multiprocessor count of the current device (queried once): sizes split-K / split-KV grids.
+inline int sm_count() {
+  static const int n = [] {
+    int dev = 0, v = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+      v = 132;
+    return v;
+  }();
+  return n;
+}
+
+}  // namespace dsv4::cuda::detail

@@ -1,0 +1,267 @@
+// mHC kernels (twin: model/mhc.cpp). The projection mu = fn · X_r of every row is a skinny GEMM
+// ([R, n·d] × [n·d, (2+n)n]); it is split over K so that decode batches still fill the GPU:
+// kernel 1 writes per-slice partial sums (and Σx² for the RMS factor) into the row's output
+// buffer u / h, which is free until kernel 2 has read them back; kernel 2 reduces the slices in
+// a fixed order, applies sigmoid / Sinkhorn in one thread and writes the mixed row.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "backend/cuda/check.h"
+#include "backend/cuda/ops.h"
+#include "backend/cuda/ops_common.cuh"
+
+namespace dsv4::cuda {
+
+using detail::ceil_div;
+using detail::sm_count;
+using detail::sigmoidf_;
+using detail::warp_sum;
+
+namespace {
+
+constexpr int kProjThreads = 128;
+constexpr int kProjRows = 4;  // rows per block: each fn float4 is reused for 4 rows
+
+// stash[r, ks*(n_out+1) + o] = Σ_{k in slice ks} fn[o, k] X[r, k]; slot n_out holds Σ X[r, k]².
+template <int MAXO>
+__global__ void __launch_bounds__(kProjThreads)
+    hc_project_kernel(const float* fn, const float* X, int64_t R, int64_t nd, int n_out, int64_t slice4, float* stash,
+                      int64_t ld) {
+  __shared__ float red[kProjThreads / 32][kProjRows][MAXO + 1];
+  const int64_t r0 = blockIdx.x * int64_t(kProjRows);
+  const int ks = blockIdx.y;
+  const int rows = static_cast<int>(std::min<int64_t>(kProjRows, R - r0));
+  const int64_t nd4 = nd / 4, b = ks * slice4, e = std::min(nd4, b + slice4);
+  const float4* X4 = reinterpret_cast<const float4*>(X) + r0 * nd4;
+  const float4* F4 = reinterpret_cast<const float4*>(fn);
+  float acc[kProjRows][MAXO + 1];
+#pragma unroll
+  for (int rr = 0; rr < kProjRows; ++rr)
+#pragma unroll
+    for (int o = 0; o <= MAXO; ++o) acc[rr][o] = 0.f;
+  for (int64_t k = b + threadIdx.x; k < e; k += kProjThreads) {
+    float4 xv[kProjRows];
+#pragma unroll
+    for (int rr = 0; rr < kProjRows; ++rr) {
+      xv[rr] = rr < rows ? X4[rr * nd4 + k] : make_float4(0.f, 0.f, 0.f, 0.f);
+      acc[rr][MAXO] += xv[rr].x * xv[rr].x + xv[rr].y * xv[rr].y + xv[rr].z * xv[rr].z + xv[rr].w * xv[rr].w;
+    }
+#pragma unroll
+    for (int o = 0; o < MAXO; ++o) {
+      if (o < n_out) {
+        const float4 f = F4[o * nd4 + k];
+#pragma unroll
+        for (int rr = 0; rr < kProjRows; ++rr)
+          acc[rr][o] += f.x * xv[rr].x + f.y * xv[rr].y + f.z * xv[rr].z + f.w * xv[rr].w;
+      }
+    }
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int rr = 0; rr < kProjRows; ++rr)
+#pragma unroll
+    for (int o = 0; o <= MAXO; ++o) {
+      const float v = warp_sum(acc[rr][o]);
+      if (lane == 0) red[warp][rr][o] = v;
+    }
+  __syncthreads();
+  for (int t = threadIdx.x; t < kProjRows * (MAXO + 1); t += kProjThreads) {
+    const int rr = t / (MAXO + 1), o = t % (MAXO + 1);
+    if (rr >= rows || (o >= n_out && o != MAXO)) continue;
+    float v = 0.f;
+    for (int w = 0; w < kProjThreads / 32; ++w) v += red[w][rr][o];
+    stash[(r0 + rr) * ld + ks * (n_out + 1) + (o == MAXO ? n_out : o)] = v;
+  }
+}
+
+// Threads [0, n_out] reduce the slices of the stash into mu (fixed order). Must be followed by
+// a barrier before the stash (the output row) is overwritten.
+__device__ void gather_mu(const float* stash, int n_out, int ksplit, float* mu) {
+  if (threadIdx.x <= n_out) {
+    float v = 0.f;
+    for (int ks = 0; ks < ksplit; ++ks) v += stash[ks * (n_out + 1) + threadIdx.x];
+    mu[threadIdx.x] = v;
+  }
+}
+
+__device__ float rms_factor(float ss, int64_t nd, float eps) {
+  return 1.0f / sqrtf(static_cast<float>(static_cast<double>(ss) / nd) + eps);
+}
+
+// Twin of dsv4::sinkhorn.
+__device__ void sinkhorn_dev(float* M, int n, int iters, float eps) {
+  for (int j = 0; j < n; ++j) {
+    float mx = M[j * n];
+    for (int k = 1; k < n; ++k) mx = fmaxf(mx, M[j * n + k]);
+    float s = 0;
+    for (int k = 0; k < n; ++k) s += (M[j * n + k] = expf(M[j * n + k] - mx));
+    for (int k = 0; k < n; ++k) M[j * n + k] = M[j * n + k] / s + eps;
+  }
+  for (int it = 0; it < max(iters, 1); ++it) {  // the CPU twin always normalises columns once
+    if (it > 0) {  // row normalise (the first round's rows came from the softmax)
+      for (int j = 0; j < n; ++j) {
+        float s = 0;
+        for (int k = 0; k < n; ++k) s += M[j * n + k];
+        for (int k = 0; k < n; ++k) M[j * n + k] /= (s + eps);
+      }
+    }
+    for (int k = 0; k < n; ++k) {
+      float s = 0;
+      for (int j = 0; j < n; ++j) s += M[j * n + k];
+      for (int j = 0; j < n; ++j) M[j * n + k] /= (s + eps);
+    }
+  }
+}
+
+// out[c] = Σ_i coef[i] X[i, c] for one row (coef in shared memory).
+__device__ void mix_streams(const float* X, const float* coef, int64_t n, int64_t d, float* out) {
+  const float4* X4 = reinterpret_cast<const float4*>(X);
+  float4* O4 = reinterpret_cast<float4*>(out);
+  const int64_t d4 = d / 4;
+  for (int64_t c = threadIdx.x; c < d4; c += blockDim.x) {
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int64_t i = 0; i < n; ++i) {
+      const float4 x = X4[i * d4 + c];
+      const float p = coef[i];
+      acc.x += p * x.x;
+      acc.y += p * x.y;
+      acc.z += p * x.z;
+      acc.w += p * x.w;
+    }
+    O4[c] = acc;
+  }
+}
+
+constexpr int kMaxN = 4;  // hc_pre: (2+n)n <= 24
+
+__global__ void hc_pre_finish_kernel(const float* X, HcParams p, int n, int64_t d, int ksplit, int iters,
+                                     float hc_eps, float rms_eps, float* pre, float* post, float* comb, float* u) {
+  __shared__ float mu[(2 + kMaxN) * kMaxN + 1];
+  __shared__ float s_pre[kMaxN];
+  const int64_t r = blockIdx.x;
+  const int n_out = (2 + n) * n;
+  float* ur = u + r * d;
+  const float* Xr = X + r * n * d;
+  gather_mu(ur, n_out, ksplit, mu);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const float rho = rms_factor(mu[n_out], n * d, rms_eps);
+    for (int i = 0; i < n_out; ++i) mu[i] *= rho;
+    for (int i = 0; i < n; ++i) {
+      s_pre[i] = sigmoidf_(p.scale[0] * mu[i] + p.base[i]) + hc_eps;
+      pre[r * n + i] = s_pre[i];
+      post[r * n + i] = 2.0f * sigmoidf_(p.scale[1] * mu[n + i] + p.base[n + i]);
+    }
+    float P[kMaxN * kMaxN];
+    for (int i = 0; i < n * n; ++i) P[i] = p.scale[2] * mu[2 * n + i] + p.base[2 * n + i];
+    sinkhorn_dev(P, n, iters, hc_eps);
+    for (int i = 0; i < n * n; ++i) comb[r * n * n + i] = P[i];
+  }
+  __syncthreads();
+  mix_streams(Xr, s_pre, n, d, ur);
+}
+
+constexpr int kMaxHeadN = 24;
+
+__global__ void hc_head_finish_kernel(const float* X, HcParams p, int n, int64_t d, int ksplit, float hc_eps,
+                                      float rms_eps, float* h) {
+  __shared__ float mu[kMaxHeadN + 1];
+  __shared__ float s_pre[kMaxHeadN];
+  const int64_t r = blockIdx.x;
+  float* hr = h + r * d;
+  gather_mu(hr, n, ksplit, mu);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const float rho = rms_factor(mu[n], n * d, rms_eps);
+    for (int i = 0; i < n; ++i) s_pre[i] = sigmoidf_(p.scale[0] * (mu[i] * rho) + p.base[i]) + hc_eps;
+  }
+  __syncthreads();
+  mix_streams(X + r * n * d, s_pre, n, d, hr);
+}
+
+template <int MAXN>
+__global__ void hc_post_kernel(const float* post, const float* comb, const float* F, float* X, int n, int64_t d4) {
+  const int64_t r = blockIdx.y, c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (c >= d4) return;
+  float4* X4 = reinterpret_cast<float4*>(X) + r * n * d4;
+  const float4 f = reinterpret_cast<const float4*>(F)[r * d4 + c];
+  float4 old[MAXN];
+#pragma unroll
+  for (int j = 0; j < MAXN; ++j)
+    if (j < n) old[j] = X4[j * d4 + c];
+  const float* P = comb + r * n * n;
+  for (int k = 0; k < n; ++k) {
+    const float pk = post[r * n + k];
+    float4 acc = make_float4(pk * f.x, pk * f.y, pk * f.z, pk * f.w);
+#pragma unroll
+    for (int j = 0; j < MAXN; ++j) {
+      if (j < n) {
+        const float cj = P[j * n + k];
+        acc.x += cj * old[j].x;
+        acc.y += cj * old[j].y;
+        acc.z += cj * old[j].z;
+        acc.w += cj * old[j].w;
+      }
+    }
+    X4[k * d4 + c] = acc;
+  }
+}
+
+// Launches the split-K projection; returns the number of slices written per row.
+int project(const float* fn, const float* X, int64_t R, int64_t n, int64_t d, int n_out, float* stash,
+            cudaStream_t s) {
+  DSV4_CHECK(d % 4 == 0, "cuda mHC: d must be a multiple of 4");
+  DSV4_CHECK(d >= n_out + 1, "cuda mHC: d too small for the projection stash");
+  const int64_t nd4 = n * d / 4, row_blocks = ceil_div(R, kProjRows);
+  int64_t ks = ceil_div(2 * sm_count(), row_blocks);  // about two waves of blocks
+  ks = std::min<int64_t>(ks, std::max<int64_t>(1, nd4 / kProjThreads));
+  ks = std::max<int64_t>(1, std::min<int64_t>(ks, d / (n_out + 1)));
+  const int64_t slice4 = ceil_div(nd4, ks);
+  const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(ks));
+  if (n_out <= 4)
+    hc_project_kernel<4><<<grid, kProjThreads, 0, s>>>(fn, X, R, n * d, n_out, slice4, stash, d);
+  else if (n_out <= 8)
+    hc_project_kernel<8><<<grid, kProjThreads, 0, s>>>(fn, X, R, n * d, n_out, slice4, stash, d);
+  else
+    hc_project_kernel<24><<<grid, kProjThreads, 0, s>>>(fn, X, R, n * d, n_out, slice4, stash, d);
+  DSV4_CUDA_LAUNCH_CHECK();
+  return static_cast<int>(ks);
+}
+
+}  // namespace
+
+void hc_pre(const HcParams& p, const float* X, int64_t R, int64_t n, int64_t d, int64_t iters, float hc_eps,
+            float rms_eps, float* pre, float* post, float* comb, float* u, cudaStream_t s) {
+  DSV4_CHECK(n >= 1 && n <= kMaxN, "cuda::hc_pre: n must be in [1, 4]");
+  if (R == 0) return;
+  const int n_out = static_cast<int>((2 + n) * n);
+  const int ks = project(p.fn, X, R, n, d, n_out, u, s);
+  hc_pre_finish_kernel<<<R, 256, 0, s>>>(X, p, static_cast<int>(n), d, ks, static_cast<int>(iters), hc_eps, rms_eps,
+                                         pre, post, comb, u);
+  DSV4_CUDA_LAUNCH_CHECK();
+}
+
+void hc_post(const float* post, const float* comb, const float* F, float* X, int64_t R, int64_t n, int64_t d,
+             cudaStream_t s) {
+  DSV4_CHECK(d % 4 == 0 && n >= 1 && n <= 8, "cuda::hc_post: needs d % 4 == 0 and n <= 8");
+  if (R == 0) return;
+  const int64_t d4 = d / 4;
+  const dim3 grid(static_cast<unsigned>(ceil_div(d4, 256)), static_cast<unsigned>(R));
+  if (n <= 4)
+    hc_post_kernel<4><<<grid, 256, 0, s>>>(post, comb, F, X, static_cast<int>(n), d4);
+  else
+    hc_post_kernel<8><<<grid, 256, 0, s>>>(post, comb, F, X, static_cast<int>(n), d4);
+  DSV4_CUDA_LAUNCH_CHECK();
+}
+
+void hc_head(const HcParams& p, const float* X, int64_t R, int64_t n, int64_t d, float hc_eps, float rms_eps, float* h,
+             cudaStream_t s) {
+  DSV4_CHECK(n >= 1 && n <= kMaxHeadN, "cuda::hc_head: n must be in [1, 24]");
+  if (R == 0) return;
+  const int ks = project(p.fn, X, R, n, d, static_cast<int>(n), h, s);
+  hc_head_finish_kernel<<<R, 256, 0, s>>>(X, p, static_cast<int>(n), d, ks, hc_eps, rms_eps, h);
+  DSV4_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace dsv4::cuda

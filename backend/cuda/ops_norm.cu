@@ -1,0 +1,175 @@
+// Row-wise and elementwise ops: embed, rms_norm, rope, swiglu, add_ape, ring_store.
+// Twins: cpu::dequant_row, cpu::rms_norm, cpu::rope_inplace, the SwiGLU of model/moe.cpp, the
+// APE add of compressor_project and the ring copy of attention_forward.
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "backend/cuda/check.h"
+#include "backend/cuda/ops.h"
+#include "backend/cuda/ops_common.cuh"
+
+namespace dsv4::cuda {
+
+using detail::block_sum;
+using detail::ceil_div;
+
+namespace {
+
+__device__ float e4m3_value(uint8_t b) {
+  const int e = (b >> 3) & 15, m = b & 7;
+  float v;
+  if (e == 15 && m == 7) v = __int_as_float(0x7fc00000);
+  else if (e == 0) v = ldexpf(static_cast<float>(m), -9);
+  else v = ldexpf(static_cast<float>(8 + m), e - 10);
+  return (b & 0x80) ? -v : v;
+}
+
+__device__ float scale_value(const WeightView& w, int64_t r, int64_t c) {
+  const int64_t i = r * w.scale_cols + c;
+  if (w.scale_dtype == DType::F32) return reinterpret_cast<const float*>(w.scale)[i];
+  const uint8_t b = w.scale[i];
+  return b == 0xFF ? __int_as_float(0x7fc00000) : ldexpf(1.0f, static_cast<int>(b) - 127);
+}
+
+__device__ float weight_value(const WeightView& w, int64_t o, int64_t k) {
+  const int64_t i = o * w.in + k;
+  if (w.format == WeightFormat::FP8Block) return e4m3_value(w.data[i]) * scale_value(w, o / 128, k / 128);
+  if (w.dtype == DType::F32) return reinterpret_cast<const float*>(w.data)[i];
+  if (w.dtype == DType::BF16)
+    return __uint_as_float(static_cast<uint32_t>(reinterpret_cast<const uint16_t*>(w.data)[i]) << 16);
+  return __half2float(reinterpret_cast<const __half*>(w.data)[i]);  // F16
+}
+
+__global__ void embed_kernel(WeightView table, const int32_t* tok, int64_t copies, float* X) {
+  const int64_t r = blockIdx.x, d = table.in;
+  const int64_t t = tok[r];
+  for (int64_t k = threadIdx.x; k < d; k += blockDim.x) {
+    const float v = weight_value(table, t, k);
+    for (int64_t c = 0; c < copies; ++c) X[(r * copies + c) * d + k] = v;
+  }
+}
+
+// One block per row; the sum of squares is accumulated in double like the CPU twin.
+__global__ void rms_norm_kernel(const float* x, const float* gamma, float* y, int64_t n, float eps, bool vec) {
+  __shared__ double red[32];
+  const float* xr = x + blockIdx.x * n;
+  float* yr = y + blockIdx.x * n;
+  double ss = 0.0;
+  if (vec) {
+    for (int64_t i = threadIdx.x; i < n / 4; i += blockDim.x) {
+      const float4 v = reinterpret_cast<const float4*>(xr)[i];
+      ss += double(v.x) * v.x + double(v.y) * v.y + double(v.z) * v.z + double(v.w) * v.w;
+    }
+  } else {
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += double(xr[i]) * xr[i];
+  }
+  ss = block_sum(ss, red);
+  const float inv = 1.0f / sqrtf(static_cast<float>(ss / n) + eps);
+  if (vec) {
+    for (int64_t i = threadIdx.x; i < n / 4; i += blockDim.x) {
+      float4 v = reinterpret_cast<const float4*>(xr)[i];
+      const float4 g = gamma ? reinterpret_cast<const float4*>(gamma)[i] : make_float4(1.f, 1.f, 1.f, 1.f);
+      v.x = g.x * (v.x * inv);
+      v.y = g.y * (v.y * inv);
+      v.z = g.z * (v.z * inv);
+      v.w = g.w * (v.w * inv);
+      reinterpret_cast<float4*>(yr)[i] = v;
+    }
+  } else {
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = (gamma ? gamma[i] : 1.0f) * (xr[i] * inv);
+  }
+}
+
+__global__ void rope_kernel(float* x, int64_t rows, int64_t heads, int64_t len, const float* inv_freq, int64_t pairs,
+                            const int64_t* pos, bool inverse) {
+  const int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (t >= rows * heads * pairs) return;
+  const int64_t i = t % pairs, rh = t / pairs, r = rh / heads;
+  float* p = x + rh * len + (len - 2 * pairs) + 2 * i;
+  // fp32 angle, as the reference computes it.
+  const float ang = static_cast<float>(pos[r]) * inv_freq[i];
+  const float c = cosf(ang), s = inverse ? -sinf(ang) : sinf(ang);
+  const float a = p[0], b = p[1];
+  p[0] = a * c - b * s;
+  p[1] = a * s + b * c;
+}
+
+__global__ void swiglu_kernel(const float* gu, int64_t rows, int64_t I, float limit, float* h) {
+  const int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (t >= rows * I) return;
+  const int64_t r = t / I, i = t % I;
+  float g = gu[r * 2 * I + i], v = gu[r * 2 * I + I + i];
+  if (limit > 0) {
+    g = fminf(g, limit);
+    v = fminf(fmaxf(v, -limit), limit);
+  }
+  h[t] = g / (1.0f + expf(-g)) * v;
+}
+
+__global__ void add_ape_kernel(float* z, const int64_t* pos, const float* ape, int64_t m, int64_t width) {
+  const int64_t r = blockIdx.x;
+  const float* a = ape + (pos[r] % m) * width;
+  for (int64_t c = threadIdx.x; c < width; c += blockDim.x) z[r * width + c] += a[c];
+}
+
+__global__ void ring_store_kernel(const float* rows, int64_t width, int64_t p0, int64_t first, float* ring,
+                                  int64_t ring_rows) {
+  const int64_t t = first + blockIdx.x;
+  const float* src = rows + (t - p0) * width;
+  float* dst = ring + (t % ring_rows) * width;
+  for (int64_t c = threadIdx.x; c < width; c += blockDim.x) dst[c] = src[c];
+}
+
+int row_threads(int64_t n) { return n >= 1024 ? 256 : 128; }
+
+}  // namespace
+
+void embed(const WeightView& table, const int32_t* tok, int64_t rows, int64_t copies, float* X, cudaStream_t s) {
+  DSV4_CHECK(table.format == WeightFormat::FP8Block ||
+                 (table.format == WeightFormat::Dense &&
+                  (table.dtype == DType::F32 || table.dtype == DType::BF16 || table.dtype == DType::F16)),
+             "cuda::embed: unsupported table format");
+  if (rows == 0) return;
+  embed_kernel<<<rows, 256, 0, s>>>(table, tok, copies, X);
+  DSV4_CUDA_LAUNCH_CHECK();
+}
+
+void rms_norm(const float* x, const float* gamma, float* y, int64_t rows, int64_t n, float eps, cudaStream_t s) {
+  if (rows == 0) return;
+  const auto al = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
+  const bool vec = n % 4 == 0 && al(x) && al(y) && (!gamma || al(gamma));
+  rms_norm_kernel<<<rows, row_threads(n), 0, s>>>(x, gamma, y, n, eps, vec);
+  DSV4_CUDA_LAUNCH_CHECK();
+}
+
+void rope(float* x, int64_t rows, int64_t heads, int64_t len, const float* inv_freq, int64_t pairs,
+          const int64_t* pos, bool inverse, cudaStream_t s) {
+  const int64_t n = rows * heads * pairs;
+  if (n == 0) return;
+  rope_kernel<<<ceil_div(n, 256), 256, 0, s>>>(x, rows, heads, len, inv_freq, pairs, pos, inverse);
+  DSV4_CUDA_LAUNCH_CHECK();
+}
+
+void swiglu(const float* gu, int64_t rows, int64_t I, float limit, float* h, cudaStream_t s) {
+  if (rows * I == 0) return;
+  swiglu_kernel<<<ceil_div(rows * I, 256), 256, 0, s>>>(gu, rows, I, limit, h);
+  DSV4_CUDA_LAUNCH_CHECK();
+}
+
+void add_ape(float* z, const int64_t* pos, const float* ape, int64_t R, int64_t m, int64_t width, cudaStream_t s) {
+  if (R == 0) return;
+  add_ape_kernel<<<R, 128, 0, s>>>(z, pos, ape, m, width);
+  DSV4_CUDA_LAUNCH_CHECK();
+}
+
+void ring_store(const float* rows, int64_t n, int64_t width, int64_t p0, float* ring, int64_t ring_rows,
+                cudaStream_t s) {
+  const int64_t first = std::max(p0, p0 + n - ring_rows), count = p0 + n - first;
+  if (count <= 0) return;
+  ring_store_kernel<<<count, 128, 0, s>>>(rows, width, p0, first, ring, ring_rows);
+  DSV4_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace dsv4::cuda

@@ -1,0 +1,168 @@
+// bench_ops: the fp32 CUDA ops of backend/cuda/ops.h at V4-Flash shapes (d 4096, n 4 streams,
+// H 64 × D 512 attention over window 128 + 512 selected entries, indexer 64 × 128 heads,
+// top-512) for decode batches 1/8/64/256 and a 4096-token prefill. Prints the median of 25
+// timed calls (cudaEvent, after 3 warm-up calls), the floor max(bytes / 4.2e12 B/s,
+// FLOPs / 6e13 FLOP/s fp32 SIMT) and measured / floor.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "backend/cuda/check.h"
+#include "backend/cuda/device.h"
+#include "backend/cuda/ops.h"
+
+using namespace dsv4;
+using namespace dsv4::cuda;
+
+namespace {
+
+constexpr double kBandwidth = 4.2e12, kSimtFlops = 6.0e13;
+constexpr int kReps = 25, kWarm = 3;
+
+// Fills a float buffer with N(0, std) values: one random block uploaded, then tiled on device.
+void fill_random(DeviceBuffer& b, float std = 1.0f) {
+  static std::mt19937 g(1234);
+  const size_t n = b.bytes() / sizeof(float), blk = std::min<size_t>(n, size_t(1) << 22);
+  std::normal_distribution<float> d(0.0f, std);
+  std::vector<float> h(blk);
+  for (auto& x : h) x = d(g);
+  b.upload(h.data(), blk * sizeof(float));
+  for (size_t off = blk; off < n; off += blk)
+    DSV4_CUDA_CHECK(cudaMemcpy(b.as<float>() + off, b.as<float>(), std::min(blk, n - off) * sizeof(float),
+                               cudaMemcpyDeviceToDevice));
+}
+
+DeviceBuffer floats(size_t n, float std = 1.0f) {
+  DeviceBuffer b(n * sizeof(float));
+  fill_random(b, std);
+  return b;
+}
+
+template <class F>
+double median_us(F call) {
+  cudaEvent_t a, b;
+  DSV4_CUDA_CHECK(cudaEventCreate(&a));
+  DSV4_CUDA_CHECK(cudaEventCreate(&b));
+  for (int i = 0; i < kWarm; ++i) call();
+  DSV4_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<float> t;
+  for (int i = 0; i < kReps; ++i) {
+    DSV4_CUDA_CHECK(cudaEventRecord(a));
+    call();
+    DSV4_CUDA_CHECK(cudaEventRecord(b));
+    DSV4_CUDA_CHECK(cudaEventSynchronize(b));
+    float ms;
+    DSV4_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2] * 1e3;
+}
+
+void report(const char* op, int64_t R, const char* shape, double us, double bytes, double flops) {
+  const double floor_us = std::max(bytes / kBandwidth, flops / kSimtFlops) * 1e6;
+  std::printf("%-18s R=%-5lld %-26s %10.2f us  floor %9.2f us (%s)  ratio %6.2f\n", op, static_cast<long long>(R),
+              shape, us, floor_us, bytes / kBandwidth >= flops / kSimtFlops ? "bytes" : "flops", us / floor_us);
+}
+
+const std::vector<int64_t> kRows = {1, 8, 64, 256, 4096};
+
+void bench_rms_norm() {
+  const int64_t d = 4096;
+  for (int64_t R : kRows) {
+    DeviceBuffer x = floats(R * d), g = floats(d), y(R * d * sizeof(float));
+    const double us = median_us([&] { rms_norm(x.as<float>(), g.as<float>(), y.as<float>(), R, d, 1e-6f, nullptr); });
+    report("rms_norm", R, "d 4096", us, (2.0 * R * d + d) * 4, 3.0 * R * d);
+  }
+}
+
+void bench_hc() {
+  const int64_t n = 4, d = 4096, n_out = (2 + n) * n;
+  DeviceBuffer fn = floats(n_out * n * d, 1.0f / 128), base = floats(n_out), scale = floats(3);
+  const HcParams p{fn.as<float>(), base.as<float>(), scale.as<float>()};
+  for (int64_t R : kRows) {
+    DeviceBuffer X = floats(R * n * d), pre(R * n * 4), post(R * n * 4), comb(R * n * n * 4), u(R * d * 4),
+        F = floats(R * d);
+    double us = median_us([&] {
+      hc_pre(p, X.as<float>(), R, n, d, 20, 1e-6f, 1e-6f, pre.as<float>(), post.as<float>(), comb.as<float>(),
+             u.as<float>(), nullptr);
+    });
+    report("hc_pre", R, "n 4, d 4096", us, (double(R) * n * d + n_out * n * d + R * d) * 4,
+           2.0 * R * n * d * (n_out + 1 + n));
+    us = median_us([&] {
+      hc_post(post.as<float>(), comb.as<float>(), F.as<float>(), X.as<float>(), R, n, d, nullptr);
+    });
+    report("hc_post", R, "n 4, d 4096", us, (2.0 * R * n * d + R * d) * 4, 2.0 * R * n * d * (n + 1));
+  }
+}
+
+// Decode rows are separate sequences (own ring and entry pool); prefill rows share one sequence.
+void bench_attention() {
+  const int64_t H = 64, D = 512, W = 128, n_sel = 512, pool = 1024;
+  for (int64_t R : kRows) {
+    const bool prefill = R == 4096;
+    const int64_t seqs = prefill ? 1 : R;
+    DeviceBuffer q = floats(R * H * D), kv = floats(R * D), ring = floats(seqs * W * D),
+                 entries = floats(seqs * pool * D), sink = floats(H), o(R * H * D * 4);
+    std::mt19937 g(7);
+    std::vector<int32_t> sel(R * n_sel);
+    for (auto& s : sel) s = static_cast<int32_t>(g() % pool);
+    DeviceBuffer dsel = to_device(sel);
+    std::vector<AttnRow> rows;
+    const int64_t p0 = 100000;
+    for (int64_t r = 0; r < R; ++r) {
+      const int64_t sq = prefill ? 0 : r;
+      rows.push_back(AttnRow{prefill ? p0 + r : p0, kv.as<float>() + (prefill ? 0 : r * D), p0,
+                             ring.as<float>() + sq * W * D, entries.as<float>() + sq * pool * D, pool,
+                             dsel.as<int32_t>() + r * n_sel, n_sel});
+    }
+    DeviceBuffer drows = to_device(rows);
+    const double us = median_us([&] {
+      sparse_attention(q.as<float>(), drows.as<AttnRow>(), R, H, D, W, sink.as<float>(), o.as<float>(), nullptr);
+    });
+    const double keys = W + n_sel;
+    const double key_bytes = prefill ? (R + W + pool) * D * 4.0 : R * keys * D * 4.0;
+    report("sparse_attention", R, "H 64 D 512, 128+512 keys", us, 2.0 * R * H * D * 4 + key_bytes,
+           4.0 * R * H * keys * D);
+  }
+}
+
+// The keys of one sequence are shared by all rows (the kernel is FLOP-bound: 32 FLOP per key byte).
+void bench_indexer() {
+  const int64_t nh = 64, hd = 128, topk = 512;
+  for (int64_t n_vis : {16384, 65536}) {
+    DeviceBuffer keys = floats(n_vis * hd);
+    for (int64_t R : kRows) {
+      DeviceBuffer q = floats(R * nh * hd), om = floats(R * nh, 0.01f), out(R * topk * 4);
+      std::vector<IndexerRow> rows(R, IndexerRow{keys.as<float>(), n_vis});
+      DeviceBuffer drows = to_device(rows);
+      const double us = median_us([&] {
+        indexer_topk(q.as<float>(), om.as<float>(), drows.as<IndexerRow>(), R, nh, hd, topk, n_vis,
+                     out.as<int32_t>(), nullptr);
+      });
+      char shape[64];
+      std::snprintf(shape, sizeof shape, "%lld entries, top-512", static_cast<long long>(n_vis));
+      report("indexer_topk", R, shape, us, n_vis * hd * 4.0 + R * (nh * hd * 4.0 + n_vis * 4.0 * 2),
+             2.0 * R * n_vis * nh * hd);
+    }
+  }
+}
+
+}  // namespace
+
+int main() {
+  if (!available()) {
+    std::printf("bench_ops: no CUDA device\n");
+    return 0;
+  }
+  bench_rms_norm();
+  bench_hc();
+  bench_attention();
+  bench_indexer();
+  return 0;
+}

@@ -1,0 +1,102 @@
+// Parity of cuda::sparse_attention with the CPU attention. The CPU's per-row loop is embedded in
+// attention_forward, so the reference here rebuilds its key list (window from chunk / ring,
+// then HCA entries or CSA selections) and applies attend()'s formula: softmax with a sink logit
+// in the denominator, scale 1/sqrt(D), K = V.
+#include <algorithm>
+#include <cmath>
+
+#include "backend/cpu/linear.h"
+#include "backend/cuda/ops.h"
+#include "tests/cuda/ops_test_util.h"
+
+namespace dsv4 {
+namespace {
+
+using cuda::DeviceBuffer;
+using cuda::to_device;
+using cuda::to_host;
+using test::poisoned;
+using test::randn;
+using test::rel_error;
+
+// attend() of model/attention.cpp.
+void attend(const float* q, const std::vector<const float*>& keys, int64_t D, float scale, float sink, float* o) {
+  std::vector<float> logits(keys.size());
+  float mx = sink;
+  for (size_t s = 0; s < keys.size(); ++s) {
+    logits[s] = cpu::dot(q, keys[s], D) * scale;
+    mx = std::max(mx, logits[s]);
+  }
+  float den = std::exp(sink - mx);
+  for (auto& l : logits) den += (l = std::exp(l - mx));
+  std::fill(o, o + D, 0.0f);
+  for (size_t s = 0; s < keys.size(); ++s) {
+    const float p = logits[s] / den;
+    for (int64_t c = 0; c < D; ++c) o[c] += p * keys[s][c];
+  }
+}
+
+enum class Kind { SWA, HCA, CSA };
+
+// R rows of one chunk starting at p0 (rows at positions p0 + r), a ring holding the W positions
+// before p0, and n_entries compressed entries; CSA rows select n_sel entries with some -1 slots.
+void run_case(Kind kind, int64_t R, int64_t p0, int64_t H, int64_t D, int64_t W, int64_t n_entries, int64_t n_sel) {
+  const std::vector<float> q = randn(R * H * D), chunk = randn(R * D), ring = randn(W * D),
+                           entries = randn(std::max<int64_t>(n_entries, 1) * D), sink = randn(H);
+  std::vector<int32_t> sel(R * n_sel);
+  for (int64_t i = 0; i < R * n_sel; ++i)
+    sel[i] = (i % 5 == 3) ? -1 : static_cast<int32_t>(test::rng()() % n_entries);
+  DeviceBuffer dq = to_device(q), dchunk = to_device(chunk), dring = to_device(ring), dent = to_device(entries),
+               dsink = to_device(sink), dsel = to_device(sel), dout = poisoned<float>(R * H * D);
+  std::vector<cuda::AttnRow> rows;
+  std::vector<float> ref(R * H * D);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t p = p0 + r;
+    cuda::AttnRow a{p, dchunk.as<float>(), p0, dring.as<float>(), dent.as<float>(), 0, nullptr, 0};
+    std::vector<const float*> keys;
+    for (int64_t t = std::max<int64_t>(0, p - W + 1); t <= p; ++t)
+      keys.push_back(t >= p0 ? chunk.data() + (t - p0) * D : ring.data() + (t % W) * D);
+    if (kind == Kind::HCA) {
+      a.n_entries = std::min<int64_t>(n_entries, 1 + r % n_entries + n_entries / 2);  // varies per row
+      for (int64_t w = 0; w < a.n_entries; ++w) keys.push_back(entries.data() + w * D);
+    } else if (kind == Kind::CSA) {
+      a.sel = dsel.as<int32_t>() + r * n_sel;
+      a.n_sel = n_sel;
+      for (int64_t i = 0; i < n_sel; ++i)
+        if (sel[r * n_sel + i] >= 0) keys.push_back(entries.data() + int64_t(sel[r * n_sel + i]) * D);
+    }
+    rows.push_back(a);
+    for (int64_t h = 0; h < H; ++h) attend(q.data() + (r * H + h) * D, keys, D, scale, sink[h], ref.data() + (r * H + h) * D);
+  }
+  DeviceBuffer drows = to_device(rows);
+  cuda::sparse_attention(dq.as<float>(), drows.as<cuda::AttnRow>(), R, H, D, W, dsink.as<float>(), dout.as<float>(),
+                         nullptr);
+  EXPECT_LE(rel_error(to_host<float>(dout, ref.size()), ref), 1e-5);
+}
+
+// V4-Flash shapes: H 64, D 512, window 128, top-512 (CSA) / long HCA lists.
+TEST(CudaOpsAttention, CsaDecodeSplitKeys) {
+  DSV4_REQUIRE_GPU();
+  run_case(Kind::CSA, 1, 5000, 64, 512, 128, 3000, 512);  // one row: keys split across blocks
+}
+TEST(CudaOpsAttention, CsaBatch) {
+  DSV4_REQUIRE_GPU();
+  run_case(Kind::CSA, 40, 200, 64, 512, 128, 800, 512);  // window partly in the ring
+}
+TEST(CudaOpsAttention, HcaSmallBatch) {
+  DSV4_REQUIRE_GPU();
+  run_case(Kind::HCA, 3, 70, 64, 512, 128, 300, 0);  // window starts at 0 for early rows
+}
+TEST(CudaOpsAttention, SwaPrefixFromZero) {
+  DSV4_REQUIRE_GPU();
+  run_case(Kind::SWA, 37, 0, 64, 512, 128, 0, 0);
+}
+TEST(CudaOpsAttention, TinyModelShapes) {
+  DSV4_REQUIRE_GPU();
+  run_case(Kind::CSA, 6, 9, 4, 128, 8, 5, 4);  // H < 8 heads per block, D 128
+  run_case(Kind::HCA, 6, 9, 4, 128, 8, 2, 0);
+}
+
+}  // namespace
+}  // namespace dsv4
