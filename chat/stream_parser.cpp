@@ -300,6 +300,11 @@ bool StreamParser::step_tool(bool eof, std::size_t limit, std::vector<StreamEven
           emit += frag;
           return go(State::kParamType, i + 1);
         }
+        if (partial && !eof) {  // maybe the start of EOS: decide when more arrives
+          hold = i;
+          i = limit;
+          continue;
+        }
         acc_.push_back(s[i]);
         ++i;
         continue;
