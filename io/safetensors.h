@@ -52,6 +52,11 @@ class SafetensorsFile {
 class Checkpoint {
  public:
   explicit Checkpoint(const std::string& dir);
+  // An in-memory tensor set (e.g. random weights for benchmarks); `owner` keeps the bytes alive.
+  // Data pointers may point to host or device memory; consumers that read bytes on the host must
+  // only be handed host tensors.
+  Checkpoint(std::map<std::string, TensorRef> refs, std::shared_ptr<void> owner)
+      : dir_("<memory>"), refs_(std::move(refs)), owner_(std::move(owner)) {}
   const std::string& dir() const { return dir_; }
   bool has(const std::string& name) const { return refs_.count(name) != 0; }
   // Throws Error "missing tensor 'name'" when absent.
@@ -62,6 +67,7 @@ class Checkpoint {
   std::string dir_;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, TensorRef> refs_;
+  std::shared_ptr<void> owner_;
 };
 
 // Writer: collects tensors, then writes one file (8-byte little-endian header length, JSON header

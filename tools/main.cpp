@@ -13,6 +13,7 @@
 #include "tools/generate.h"
 #ifdef DSV4_HAVE_CUDA
 #include "model/cuda/cuda_model.h"
+#include "tools/bench.h"
 #endif
 
 using namespace dsv4;
@@ -83,6 +84,27 @@ int main(int argc, char** argv) {
   std::string insp_model = default_model_dir();
   insp->add_option("--model", insp_model)->capture_default_str();
 
+  auto* bench = app.add_subcommand("bench", "GPU end-to-end benchmark of a V4-shaped model (random weights)");
+#ifdef DSV4_HAVE_CUDA
+  BenchOptions bopt;
+#else
+  struct {
+    std::string preset, precision;
+    int64_t layers = 0, context = 0, prefill = 0, steps = 0;
+    bool random_weights = false;
+    std::vector<int64_t> batches;
+    uint64_t seed = 0;
+  } bopt;
+#endif
+  bench->add_option("--preset", bopt.preset, "v4-flash or v4-pro")->capture_default_str();
+  bench->add_option("--layers", bopt.layers, "main layers to build")->capture_default_str();
+  bench->add_flag("--random-weights", bopt.random_weights, "random weights generated on the device");
+  bench->add_option("--precision", bopt.precision, "fast or exact")->capture_default_str();
+  bench->add_option("--batches", bopt.batches, "decode batch sizes")->delimiter(',');
+  bench->add_option("--context", bopt.context, "tokens per sequence before decode timing")->capture_default_str();
+  bench->add_option("--prefill", bopt.prefill, "prefill length")->capture_default_str();
+  bench->add_option("--steps", bopt.steps, "timed decode steps")->capture_default_str();
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (*tiny) {
@@ -117,6 +139,13 @@ int main(int argc, char** argv) {
       }
       for (size_t i = 0; i < out.size(); ++i) std::printf("%s%d", i ? "," : "", out[i]);
       std::printf("\n");
+    } else if (*bench) {
+#ifdef DSV4_HAVE_CUDA
+      bopt.random_weights = true;  // the only source a single GPU can hold at real dims
+      return run_bench(bopt);
+#else
+      fail("dsv4 bench: this build has no CUDA backend (configure with -DDSV4_CUDA=ON)");
+#endif
     } else if (*insp) {
       ModelWeights w = load_weights(insp_model);
       const ModelConfig& c = w.config;

@@ -52,4 +52,13 @@ void DeviceBuffer::fill_bytes(uint8_t value) {
 
 void synchronize() { DSV4_CUDA_CHECK(cudaDeviceSynchronize()); }
 
+bool is_device_pointer(const void* p) {
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return a.type == cudaMemoryTypeDevice;
+}
+
 }  // namespace dsv4::cuda

@@ -49,5 +49,7 @@ std::vector<T> to_host(const DeviceBuffer& b, size_t count) {
 }
 
 void synchronize();
+// True when p points into device memory (cudaMalloc'd), false for host memory.
+bool is_device_pointer(const void* p);
 
 }  // namespace dsv4::cuda

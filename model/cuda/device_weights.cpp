@@ -13,12 +13,23 @@ namespace {
 class Uploader {
  public:
   Uploader(const Checkpoint& ck, DeviceWeights& out) : out_(out) {
+    // Tensors already in device memory (random benchmark weights) are used in place.
+    std::vector<const TensorRef*> host;
+    for (const auto& [name, ref] : ck.tensors()) {
+      if (cuda::is_device_pointer(ref.data)) {
+        dev_[ref.data] = const_cast<uint8_t*>(ref.data);
+        out_.bytes += ref.info.nbytes();
+      } else {
+        host.push_back(&ref);
+      }
+    }
     size_t total = 0;
-    for (const auto& [name, ref] : ck.tensors()) total += align(ref.info.nbytes());
+    for (const TensorRef* ref : host) total += align(ref->info.nbytes());
     out_.storage.emplace_back(total);
     char* base = out_.storage.back().as<char>();
     size_t off = 0;
-    for (const auto& [name, ref] : ck.tensors()) {
+    for (const TensorRef* r : host) {
+      const TensorRef& ref = *r;
       out_.storage.back().upload(ref.data, ref.info.nbytes(), off);
       dev_[ref.data] = base + off;
       off += align(ref.info.nbytes());
@@ -64,6 +75,7 @@ class Uploader {
 DeviceWeights upload_weights(const ModelWeights& w) {
   DeviceWeights d;
   d.config = w.config;
+  d.source = w.checkpoint;
   Uploader up(*w.checkpoint, d);
   d.embed = up.view(w.embed);
   d.head = up.view(w.head);

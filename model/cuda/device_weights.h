@@ -2,6 +2,7 @@
 // FP4 stay packed), small fp32 vectors copied, and the same structure re-pointed at device memory.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "backend/cuda/device.h"
@@ -44,6 +45,7 @@ struct DeviceWeights {
   const float *rope_swa = nullptr, *rope_compressed = nullptr;  // inv_freq tables
   size_t bytes = 0;                                             // device bytes held
   std::vector<cuda::DeviceBuffer> storage;
+  std::shared_ptr<Checkpoint> source;  // keeps in-place device tensors (random weights) alive
 };
 
 // Copies the checkpoint tensors the model uses to the device (one allocation) and builds views.
