@@ -34,11 +34,17 @@ void emit(const EngineRequest& r, const TokenEvent& e) {
 Engine::Engine(ModelBackend& backend, EngineOptions opt)
     : backend_(&backend),
       opt_(opt),
-      max_len_(opt.max_model_len > 0 ? opt.max_model_len : backend.config().max_position_embeddings),
       budget_(state_costs(backend.config()), opt.kv_memory_bytes, opt.page_entries),
       cache_(opt.prefix_cache ? std::make_unique<PrefixCache>(budget_, opt.prefix_block) : nullptr),
       sched_(opt.limits, backend, budget_, cache_.get()) {
+  // Like vLLM: one sequence of max_model_len must fit in the budget. Unset, it shrinks to fit.
+  const int64_t fits = budget_.max_tokens_one_sequence();
+  max_len_ = opt.max_model_len > 0 ? opt.max_model_len : std::min(backend.config().max_position_embeddings, fits);
   DSV4_CHECK(max_len_ > 1, "engine: max_model_len must be > 1, got ", max_len_);
+  DSV4_CHECK(max_len_ <= fits, "engine: max_model_len ", max_len_, " needs ",
+             format_bytes(static_cast<double>(budget_.bytes_for(max_len_))), " of state, more than the kv budget of ",
+             format_bytes(static_cast<double>(budget_.budget())), " (holds ", fits,
+             " tokens): raise --kv-memory or lower max_model_len");
   publish_stats();
 }
 
@@ -225,6 +231,10 @@ void Engine::publish_stats() {
   stats_.prefix_cache_entries = cache_ ? static_cast<int64_t>(cache_->entries()) : 0;
   stats_.prefix_hit_tokens = sched_.prefix_hit_tokens();
   stats_.preemptions = sched_.preemptions();
+}
+
+std::string Engine::summary() const {
+  return budget_.summary(max_len_) + "; max_model_len " + std::to_string(max_len_);
 }
 
 EngineStats Engine::stats() const {

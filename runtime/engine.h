@@ -16,6 +16,7 @@
 //   req.on_event = q.callback();
 //   uint64_t id = engine.submit(std::move(req));   // throws Error on bad input (→ HTTP 400)
 //   for (TokenEvent e = q.pop();; e = q.pop()) { send(e.text); if (e.finish != FinishReason::None) break; }
+// (the queue must outlive the request: it is written until the finish event.)
 #pragma once
 #include <atomic>
 #include <condition_variable>
@@ -44,7 +45,9 @@ struct EngineOptions {
   // these boundaries. Each snapshot is a whole state copy (fixed part + entries): pick a block
   // near the prefill chunk on big models. LRU keeps them within the kv budget.
   int64_t prefix_block = 64;
-  int64_t max_model_len = 0;  // 0 = config max_position_embeddings
+  // Context limit (prompt + generated). 0 = config max_position_embeddings, lowered to what
+  // one sequence can reach in the budget; an explicit value that does not fit is an Error.
+  int64_t max_model_len = 0;
 };
 
 struct EngineStats {
@@ -78,7 +81,8 @@ class Engine {
   EngineStats stats() const;
   const KvBudget& budget() const { return budget_; }
   int64_t max_model_len() const { return max_len_; }
-  std::string summary() const { return budget_.summary(max_len_); }
+  // "kv budget …; max_model_len N" for the startup log.
+  std::string summary() const;
 
  private:
   void take_inbox();

@@ -111,7 +111,13 @@ TEST(Engine, ConcurrentGreedyEqualsEachAloneBitwise) {
     Engine eng(be, options(cfg.batch, cfg.step, cfg.chunk));
     std::vector<Output> out(cs.size());
     for (size_t i = 0; i < cs.size(); ++i) eng.submit(make_request(cs[i].prompt, cs[i].max_tokens, &out[i]));
+    const auto t0 = std::chrono::steady_clock::now();
     eng.run_until_idle();
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const EngineStats st = eng.stats();
+    std::printf("engine tiny: max_batch %ld step %ld chunk %ld: %ld steps, %ld prompt + %ld generated tokens, %.0f tok/s\n",
+                long(cfg.batch), long(cfg.step), long(cfg.chunk), long(st.steps), long(st.prompt_tokens),
+                long(st.generated_tokens), double(st.prompt_tokens + st.generated_tokens) / secs);
     for (size_t i = 0; i < cs.size(); ++i) {
       SCOPED_TRACE("batch " + std::to_string(cfg.batch) + " step " + std::to_string(cfg.step) + " chunk " +
                    std::to_string(cfg.chunk) + " request " + std::to_string(i));
@@ -352,6 +358,33 @@ TEST(Engine, SubmitFromManyThreadsMatchesAlone) {
   for (size_t i = 0; i < cs.size(); ++i) EXPECT_EQ(out[i].tokens, run_alone(cs[i].prompt, cs[i].max_tokens).tokens);
 }
 
+TEST(Engine, StreamsLogprobsOfTheSampledToken) {
+  CpuBackend be(tiny());
+  Engine eng(be, options(2, 64, 0));
+  SamplingParams sp = greedy();
+  sp.logprobs = true;
+  sp.top_logprobs = 3;
+  Output o;
+  std::vector<TokenEvent> evs;
+  Request r = make_request(prompt_of(7, 2), 5, &o, sp);
+  auto inner = r.on_event;
+  r.on_event = [&](const TokenEvent& e) {
+    evs.push_back(e);
+    inner(e);
+  };
+  eng.submit(std::move(r));
+  eng.run_until_idle();
+  ASSERT_EQ(evs.size(), 5u);
+  for (size_t i = 0; i < evs.size(); ++i) {
+    std::vector<float> lp = log_softmax(o.logits[i]);
+    EXPECT_EQ(evs[i].logprob, lp[evs[i].token]);
+    ASSERT_EQ(evs[i].top_logprobs.size(), 3u);
+    EXPECT_EQ(evs[i].top_logprobs[0].token, evs[i].token);  // greedy: the top token
+    EXPECT_EQ(evs[i].top_logprobs[0].logprob, evs[i].logprob);
+    EXPECT_GE(evs[i].top_logprobs[1].logprob, evs[i].top_logprobs[2].logprob);
+  }
+}
+
 TEST(Engine, DefaultMaxTokensFillsTheContextAndEosStops) {
   CpuBackend be(tiny());
   EngineOptions o = options(2, 64, 0);
@@ -363,6 +396,20 @@ TEST(Engine, DefaultMaxTokensFillsTheContextAndEosStops) {
   eng.run_until_idle();
   EXPECT_EQ(a.tokens.size(), 4u);  // 24 - 20
   EXPECT_EQ(a.finish, FinishReason::Length);
+
+  SamplingParams to_eos = greedy();
+  to_eos.logit_bias = {{1, 100.0f}};  // EOS (id 1) wins every step
+  for (bool ignore : {false, true}) {
+    Output b;
+    Request e = make_request(prompt_of(5, 2), 3, &b, to_eos);
+    e.stop.ignore_eos = ignore;
+    eng.submit(std::move(e));
+    eng.run_until_idle();
+    const std::vector<int32_t> want = ignore ? std::vector<int32_t>{1, 1, 1} : std::vector<int32_t>{1};
+    EXPECT_EQ(b.tokens, want);
+    EXPECT_EQ(b.finish, ignore ? FinishReason::Length : FinishReason::Stop);
+    EXPECT_EQ(b.last.stop_token, ignore ? -1 : 1);
+  }
 }
 
 TEST(Engine, BadRequestsAreClearErrors) {
@@ -387,11 +434,16 @@ TEST(Engine, BadRequestsAreClearErrors) {
   bad([](Request& r) { r.stop.stop_strings = {"x"}; }, "detokenizer hook");
   bad([](Request& r) { r.sampling.top_p = 2; }, "top_p");
   bad([](Request& r) { r.stop.stop_token_ids = {-1}; }, "stop token id");
-  o.kv_memory_bytes = KvBudget(state_costs(tiny().config()), size_t{64} << 20).bytes_for(64);
+  // A budget for 64 tokens: the context shrinks to fit, or an explicit one is refused.
+  o.kv_memory_bytes = KvBudget(state_costs(tiny().config()), size_t{64} << 20, o.page_entries).bytes_for(64);
   Engine small(be, o);
+  EXPECT_GE(small.max_model_len(), 64);
+  EXPECT_LT(small.max_model_len(), 1024);
+  EXPECT_NE(small.summary().find("max_model_len " + std::to_string(small.max_model_len())), std::string::npos);
   Request r = make_request(prompt_of(4, 1), 500, &x);
   EXPECT_THROW(small.submit(std::move(r)), Error);  // could never fit, even alone
-  EXPECT_NE(small.summary().find("kv budget"), std::string::npos);
+  o.max_model_len = 1024;
+  EXPECT_THROW(Engine(be, o), Error);
 }
 
 }  // namespace
