@@ -1,6 +1,7 @@
 #include "chat/tokenizer.h"
 
 #include <algorithm>
+#include <atomic>
 #include <fstream>
 #include <queue>
 #include <sstream>
@@ -180,6 +181,8 @@ Tokenizer Tokenizer::from_json_string(std::string_view json) {
 }
 
 void Tokenizer::load(const std::string& text) {
+  static std::atomic<uint64_t> next_instance{1};
+  instance_id_ = next_instance++;
   const nlohmann::json j = nlohmann::json::parse(text);
   const auto& model = j.at("model");
   DSV4_CHECK(model.value("type", "BPE") == "BPE", "tokenizer model type '", model.value("type", ""),
@@ -352,11 +355,42 @@ void Tokenizer::encode_append(std::string_view text, std::vector<TokenId>& out) 
   }
 }
 
+namespace {
+// Per-thread memo of BPE results for short pieces (words repeat a lot), like HF's word cache.
+// Keyed by tokenizer instance so several tokenizers in one process never mix entries.
+struct PieceCache {
+  uint64_t owner = 0;
+  std::unordered_map<std::string, std::vector<TokenId>> map;
+};
+constexpr std::size_t kCacheMaxPiece = 24, kCacheMaxEntries = 1 << 16;
+}  // namespace
+
 void Tokenizer::encode_plain(std::string_view text, std::vector<TokenId>& out) const {
   thread_local std::vector<std::string_view> pieces;
+  thread_local PieceCache cache;
+  if (cache.owner != instance_id_) {
+    cache.map.clear();
+    cache.owner = instance_id_;
+  }
   pieces.clear();
   pre_.split(text, pieces);
-  for (const auto p : pieces) bpe_piece(p, out);
+  thread_local std::string key;
+  for (const auto p : pieces) {
+    if (p.size() < 2 || p.size() > kCacheMaxPiece) {
+      bpe_piece(p, out);
+      continue;
+    }
+    key.assign(p);
+    const auto it = cache.map.find(key);
+    if (it != cache.map.end()) {
+      out.insert(out.end(), it->second.begin(), it->second.end());
+      continue;
+    }
+    const std::size_t before = out.size();
+    bpe_piece(p, out);
+    if (cache.map.size() >= kCacheMaxEntries) cache.map.clear();
+    cache.map.emplace(key, std::vector<TokenId>(out.begin() + before, out.end()));
+  }
 }
 
 // Lowest rank first, leftmost on ties: the order HF's BinaryHeap of merges pops.

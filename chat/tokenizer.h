@@ -91,6 +91,7 @@ class Tokenizer {
   std::vector<uint32_t> bytes_off_;   // id -> [off[id], off[id+1])
   std::vector<bool> has_id_, special_;
   std::vector<AddedToken> added_;
+  uint64_t instance_id_ = 0;  // keys the per-thread piece cache
 };
 
 // GPT-2 byte<->unicode map used by byte-level BPE vocabularies.

@@ -189,6 +189,24 @@ TEST(EncodingRules, Errors) {
   EXPECT_THROW(enc(R"([{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}])", true), Error);
 }
 
+// ---- §2.12 / §4.6 input normalization ---------------------------------------------------
+
+TEST(EncodingRules, ContentPartsFlattened) {
+  const char* m = R"([{"role":"user","content":[{"type":"text","text":"p1"},{"type":"text","text":"p2"}]}])";
+  EXPECT_EQ(enc(m, false), BOS + U + "p1\n\np2" + A + "</think>");
+  EncodeOptions o;
+  o.thinking_mode = ThinkingMode::kChat;
+  o.content_part_separator = "\n";
+  EXPECT_EQ(encode_messages(J(m), o), BOS + U + "p1\np2" + A + "</think>");
+}
+
+TEST(EncodingRules, ReasoningAliasAccepted) {
+  const char* both = R"([{"role":"user","content":"q"},{"role":"assistant","reasoning_content":"rc","reasoning":"r","content":"a"}])";
+  const char* alias = R"([{"role":"user","content":"q"},{"role":"assistant","reasoning":"r","content":"a"}])";
+  EXPECT_EQ(enc(both, true, false), BOS + U + "q" + A + "<think>rc</think>a" + EOS);  // reasoning_content wins
+  EXPECT_EQ(enc(alias, true, false), BOS + U + "q" + A + "<think>r</think>a" + EOS);
+}
+
 // ---- §2.8 history tool-call arguments ------------------------------------------------------
 
 std::string one_call(const char* args_json) {
