@@ -29,7 +29,7 @@ std::size_t codepoints(const std::string& s) {
   return n;
 }
 
-TEST(EncodingGoldens, WorkedExamplesOfSection10) {
+TEST(chat_encoding_goldens, WorkedExamplesOfSection10) {
   std::ifstream f(std::string(DSV4_SOURCE_DIR) + "/tests/chat/data/encoding_goldens.json");
   ASSERT_TRUE(f);
   const ojson g = ojson::parse(f);
@@ -47,7 +47,7 @@ TEST(EncodingGoldens, WorkedExamplesOfSection10) {
   }
 }
 
-TEST(EncodingGoldens, ThinkingPromptIsPrefixOfContinuation) {  // §2.7 prefix-cache property
+TEST(chat_encoding_goldens, ThinkingPromptIsPrefixOfContinuation) {  // §2.7 prefix-cache property
   std::ifstream f(std::string(DSV4_SOURCE_DIR) + "/tests/chat/data/encoding_goldens.json");
   const ojson g = ojson::parse(f);
   const std::string a = g["cases"][0]["expected"], c = g["cases"][2]["expected"];
@@ -56,12 +56,12 @@ TEST(EncodingGoldens, ThinkingPromptIsPrefixOfContinuation) {  // §2.7 prefix-c
 
 // ---- §2.3 merge --------------------------------------------------------------------------
 
-TEST(EncodingRules, ConsecutiveUsersMerge) {
+TEST(chat_encoding, ConsecutiveUsersMerge) {
   EXPECT_EQ(enc(R"([{"role":"user","content":"a"},{"role":"user","content":"b"}])", false),
             BOS + U + "a\n\nb" + A + "</think>");
 }
 
-TEST(EncodingRules, ToolMessagesFoldIntoOneUserTurn) {
+TEST(chat_encoding, ToolMessagesFoldIntoOneUserTurn) {
   EXPECT_EQ(enc(R"([{"role":"user","content":"q"},{"role":"assistant","content":"","tool_calls":[
       {"id":"x","type":"function","function":{"name":"f","arguments":"{}"}}]},
       {"role":"tool","tool_call_id":"x","content":"R"},{"role":"user","content":"next"}])", false),
@@ -69,12 +69,12 @@ TEST(EncodingRules, ToolMessagesFoldIntoOneUserTurn) {
                 EOS + U + "<tool_result>R</tool_result>\n\nnext" + A + "</think>");
 }
 
-TEST(EncodingRules, UserWithTaskIsNotMergedInto) {
+TEST(chat_encoding, UserWithTaskIsNotMergedInto) {
   EXPECT_EQ(enc(R"([{"role":"user","content":"a","task":"query"},{"role":"user","content":"b"}])", false),
             BOS + U + "a" + U + "b" + A + "</think>");
 }
 
-TEST(EncodingRules, ToolContentPartsJoined) {
+TEST(chat_encoding, ToolContentPartsJoined) {
   EXPECT_EQ(enc(R"([{"role":"user","content":"q"},{"role":"tool","tool_call_id":"",
       "content":[{"type":"text","text":"p1"},{"type":"text","text":"p2"},{"type":"image_url"}]}])", false),
             BOS + U + "q\n\n<tool_result>p1\n\np2\n\n[Unsupported image_url]</tool_result>" + A + "</think>");
@@ -82,7 +82,7 @@ TEST(EncodingRules, ToolContentPartsJoined) {
 
 // ---- §2.4 order --------------------------------------------------------------------------
 
-TEST(EncodingRules, ToolResultsSortedByCallOrder) {
+TEST(chat_encoding, ToolResultsSortedByCallOrder) {
   const std::string calls =
       "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"fa\">\n\n</｜DSML｜invoke>\n<｜DSML｜invoke name=\"fb\">\n\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>";
   EXPECT_EQ(enc(R"([{"role":"user","content":"q"},{"role":"assistant","content":"","tool_calls":[
@@ -94,7 +94,7 @@ TEST(EncodingRules, ToolResultsSortedByCallOrder) {
                 "<tool_result>RA</tool_result>\n\n<tool_result>RB</tool_result>\n\nmore" + A + "</think>");
 }
 
-TEST(EncodingRules, UnknownToolIdsSortFirstAndTextKeepsItsSlot) {
+TEST(chat_encoding, UnknownToolIdsSortFirstAndTextKeepsItsSlot) {
   const std::string out = enc(R"([{"role":"user","content":"q"},{"role":"assistant","content":"","tool_calls":[
       {"id":"a","type":"function","function":{"name":"f","arguments":"{}"}},
       {"id":"b","type":"function","function":{"name":"f","arguments":"{}"}}]},
@@ -105,7 +105,7 @@ TEST(EncodingRules, UnknownToolIdsSortFirstAndTextKeepsItsSlot) {
 
 // ---- §2.5 drop policy --------------------------------------------------------------------
 
-TEST(EncodingRules, DeveloperDroppedFromThinkingHistoryWithEncoderSemantics) {
+TEST(chat_encoding, DeveloperDroppedFromThinkingHistoryWithEncoderSemantics) {
   const char* m = R"([{"role":"developer","content":"D"},{"role":"user","content":"q1"},
       {"role":"assistant","reasoning_content":"r1","content":"a1"},{"role":"user","content":"q2"}])";
   EXPECT_EQ(enc(m, true, true, false), BOS + U + "q1" + A + "</think>a1" + EOS + U + "q2" + A + "<think>");
@@ -114,7 +114,7 @@ TEST(EncodingRules, DeveloperDroppedFromThinkingHistoryWithEncoderSemantics) {
   EXPECT_EQ(enc(m, true), BOS + "D" + U + "q1" + A + "</think>a1" + EOS + U + "q2" + A + "<think>");
 }
 
-TEST(EncodingRules, ToolsAnywhereKeepAllReasoning) {
+TEST(chat_encoding, ToolsAnywhereKeepAllReasoning) {
   const char* m = R"([{"role":"system","content":"S","tools":[{"type":"function","function":{"name":"f"}}]},
       {"role":"user","content":"q1"},{"role":"assistant","reasoning_content":"r1","content":"a1"},
       {"role":"user","content":"q2"}])";
@@ -122,7 +122,7 @@ TEST(EncodingRules, ToolsAnywhereKeepAllReasoning) {
   EXPECT_NE(out.find(U + "q1" + A + "<think>r1</think>a1" + EOS + U + "q2" + A + "<think>"), std::string::npos) << out;
 }
 
-TEST(EncodingRules, HistoryToolCallReasoningDroppedWithoutTools) {
+TEST(chat_encoding, HistoryToolCallReasoningDroppedWithoutTools) {
   EXPECT_EQ(enc(R"([{"role":"user","content":"q"},{"role":"assistant","reasoning_content":"r","content":"",
       "tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{\"x\": 1}"}}]},
       {"role":"tool","tool_call_id":"c","content":"R"}])", true),
@@ -131,7 +131,7 @@ TEST(EncodingRules, HistoryToolCallReasoningDroppedWithoutTools) {
                 EOS + U + "<tool_result>R</tool_result>" + A + "<think>");
 }
 
-TEST(EncodingRules, LatestReminderKeptAndRendered) {
+TEST(chat_encoding, LatestReminderKeptAndRendered) {
   EXPECT_EQ(enc(R"([{"role":"user","content":"q1"},{"role":"assistant","content":"a1"},
       {"role":"latest_reminder","content":"date"},{"role":"user","content":"q2"}])", true),
             BOS + U + "q1" + A + "</think>a1" + EOS + "<｜latest_reminder｜>date" + U + "q2" + A + "<think>");
@@ -139,33 +139,33 @@ TEST(EncodingRules, LatestReminderKeptAndRendered) {
 
 // ---- §2.6 render -------------------------------------------------------------------------
 
-TEST(EncodingRules, LastAssistantAfterLastUserKeepsEmptyThinking) {
+TEST(chat_encoding, LastAssistantAfterLastUserKeepsEmptyThinking) {
   EXPECT_EQ(enc(R"([{"role":"user","content":"q"},{"role":"assistant","content":"ans"}])", true),
             BOS + U + "q" + A + "<think></think>ans" + EOS);
 }
 
-TEST(EncodingRules, PrefixContinuationWithoutEos) {
+TEST(chat_encoding, PrefixContinuationWithoutEos) {
   const char* m = R"([{"role":"user","content":"q"},{"role":"assistant","content":"```python\n","wo_eos":true}])";
   EXPECT_EQ(enc(m, true), BOS + U + "q" + A + "<think></think>```python\n");
   EXPECT_EQ(enc(m, false), BOS + U + "q" + A + "</think>```python\n");
 }
 
-TEST(EncodingRules, MidConversationSystemIsRaw) {
+TEST(chat_encoding, MidConversationSystemIsRaw) {
   EXPECT_EQ(enc(R"([{"role":"user","content":"a"},{"role":"assistant","content":"A"},{"role":"system","content":"SYS2"},
       {"role":"user","content":"b"}])", false),
             BOS + U + "a" + A + "</think>A" + EOS + "SYS2" + U + "b" + A + "</think>");
 }
 
-TEST(EncodingRules, SystemLastGetsNoGenerationPrompt) {
+TEST(chat_encoding, SystemLastGetsNoGenerationPrompt) {
   EXPECT_EQ(enc(R"([{"role":"system","content":"S"}])", true), BOS + "S");
 }
 
-TEST(EncodingRules, EmptyAndNullUserContent) {
+TEST(chat_encoding, EmptyAndNullUserContent) {
   EXPECT_EQ(enc(R"([{"role":"user","content":""}])", false), BOS + U + A + "</think>");
   EXPECT_EQ(enc(R"([{"role":"user","content":null}])", false), BOS + U + A + "</think>");
 }
 
-TEST(EncodingRules, TaskTokens) {
+TEST(chat_encoding, TaskTokens) {
   EXPECT_EQ(enc(R"([{"role":"user","content":"x","task":"title"}])", true), BOS + U + "x<｜title｜>");
   EXPECT_EQ(enc(R"([{"role":"user","content":"x","task":"action"},{"role":"assistant","content":"r"}])", true),
             BOS + U + "x" + A + "<think><｜action｜>r" + EOS);
@@ -173,14 +173,14 @@ TEST(EncodingRules, TaskTokens) {
   EXPECT_THROW(enc(R"([{"role":"user","content":"x","task":"nope"}])", true), Error);
 }
 
-TEST(EncodingRules, ContextSuppressesBosAndEffort) {
+TEST(chat_encoding, ContextSuppressesBosAndEffort) {
   EncodeOptions o;
   o.reasoning_effort = "max";
   const ojson ctx = J(R"([{"role":"user","content":"q1"},{"role":"assistant","content":"a1"}])");
   EXPECT_EQ(encode_messages(J(R"([{"role":"user","content":"q2"}])"), o, ctx), U + "q2" + A + "<think>");
 }
 
-TEST(EncodingRules, Errors) {
+TEST(chat_encoding, Errors) {
   // chat mode: in thinking mode an early developer message is dropped before it is checked
   EXPECT_THROW(enc(R"([{"role":"developer","content":""},{"role":"user","content":"q"}])", false, true, false), Error);
   EXPECT_THROW(enc(R"([{"role":"wizard","content":"x"}])", true), Error);
@@ -191,7 +191,7 @@ TEST(EncodingRules, Errors) {
 
 // ---- §2.12 / §4.6 input normalization ---------------------------------------------------
 
-TEST(EncodingRules, ContentPartsFlattened) {
+TEST(chat_encoding, ContentPartsFlattened) {
   const char* m = R"([{"role":"user","content":[{"type":"text","text":"p1"},{"type":"text","text":"p2"}]}])";
   EXPECT_EQ(enc(m, false), BOS + U + "p1\n\np2" + A + "</think>");
   EncodeOptions o;
@@ -200,7 +200,7 @@ TEST(EncodingRules, ContentPartsFlattened) {
   EXPECT_EQ(encode_messages(J(m), o), BOS + U + "p1\np2" + A + "</think>");
 }
 
-TEST(EncodingRules, ReasoningAliasAccepted) {
+TEST(chat_encoding, ReasoningAliasAccepted) {
   const char* both = R"([{"role":"user","content":"q"},{"role":"assistant","reasoning_content":"rc","reasoning":"r","content":"a"}])";
   const char* alias = R"([{"role":"user","content":"q"},{"role":"assistant","reasoning":"r","content":"a"}])";
   EXPECT_EQ(enc(both, true, false), BOS + U + "q" + A + "<think>rc</think>a" + EOS);  // reasoning_content wins
@@ -218,7 +218,7 @@ std::string one_call(const char* args_json) {
   return out.substr(s, out.find("\n</｜DSML｜invoke>") - s);
 }
 
-TEST(EncodingRules, ArgumentsToDsml) {
+TEST(chat_encoding, ArgumentsToDsml) {
   const std::string P = "<｜DSML｜parameter name=\"";
   EXPECT_EQ(one_call(R"("{\"z\": \"He said \\\"hi\\\"\\n<b>\", \"a\": [1, 2], \"n\": 2, \"t\": true, \"o\": {\"k\":1.50}, \"u\": null}")"),
             P + "z\" string=\"true\">He said \"hi\"\n<b></｜DSML｜parameter>\n" +
@@ -236,7 +236,7 @@ TEST(EncodingRules, ArgumentsToDsml) {
 
 // ---- §2.9 tools block -------------------------------------------------------------------------
 
-TEST(EncodingRules, RequestToolsInsertedAsEmptySystem) {
+TEST(chat_encoding, RequestToolsInsertedAsEmptySystem) {
   ojson with_tools = J(R"([{"role":"user","content":"q"}])");
   attach_tools(with_tools, J(R"([{"type":"function","function":{"name":"f","description":"Ünïcode ☃","parameters":{"type":"object"}}}])"));
   ojson explicit_sys = J(R"([{"role":"system","content":"","tools":[{"type":"function","function":{"name":"f","description":"Ünïcode ☃","parameters":{"type":"object"}}}]},{"role":"user","content":"q"}])");
@@ -251,7 +251,7 @@ TEST(EncodingRules, RequestToolsInsertedAsEmptySystem) {
   EXPECT_THROW(attach_tools(bad, J(R"([{"type":"retrieval"}])")), Error);
 }
 
-TEST(EncodingRules, ResponseFormatBlock) {
+TEST(chat_encoding, ResponseFormatBlock) {
   EXPECT_EQ(enc(R"([{"role":"system","content":"S","response_format":{"type":"json_object"}},{"role":"user","content":"q"}])", false),
             BOS + "S\n\n## Response Format:\n\nYou MUST strictly adhere to the following schema to reply:\n{\"type\": \"json_object\"}" + U +
                 "q" + A + "</think>");
@@ -263,7 +263,7 @@ TEST(EncodingRules, ResponseFormatBlock) {
 
 // ---- §2.10 effort ------------------------------------------------------------------------------
 
-TEST(EncodingRules, EffortPrefixLengths) {
+TEST(chat_encoding, EffortPrefixLengths) {
   EncodeOptions o;
   o.profile = EffortProfile::k0731;
   const ojson m = J(R"([{"role":"user","content":"test"}])");
@@ -284,7 +284,7 @@ TEST(EncodingRules, EffortPrefixLengths) {
 
 // ---- §2.11 JSON ----------------------------------------------------------------------------------
 
-TEST(JsonDumps, MatchesPython) {
+TEST(chat_json_dumps, MatchesPython) {
   // Right-hand sides are what CPython 3 prints for json.dumps(json.loads(lhs), ensure_ascii=False).
   const std::pair<const char*, const char*> cases[] = {
       {R"({"b": 1, "a": [true, false, null]})", R"({"b": 1, "a": [true, false, null]})"},

@@ -49,11 +49,11 @@ const std::string kQuotes =
 const std::string kNoParams =
     "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"now\">\n\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>" + EOS;
 
-TEST(StrictParser, ParallelToolCallsExactJson) {
+TEST(chat_strict_parser, ParallelToolCallsExactJson) {
   EXPECT_EQ(to_openai_json(parse_completion_strict(kParallel, TH)), ojson::parse(kParallelJson));
 }
 
-TEST(StrictParser, ChatModeEmptyContentBeforeBlock) {
+TEST(chat_strict_parser, ChatModeEmptyContentBeforeBlock) {
   const auto m = parse_completion_strict(kChatTool, CH);
   EXPECT_EQ(m.content, "");
   EXPECT_EQ(m.reasoning_content, "");
@@ -61,21 +61,21 @@ TEST(StrictParser, ChatModeEmptyContentBeforeBlock) {
   EXPECT_EQ(m.tool_calls[0].arguments, R"({"city": "Paris"})");
 }
 
-TEST(StrictParser, StringAndObjectValues) {
+TEST(chat_strict_parser, StringAndObjectValues) {
   const auto m = parse_completion_strict(kQuotes, CH);
   ASSERT_EQ(m.tool_calls.size(), 1u);
   EXPECT_EQ(m.tool_calls[0].arguments, R"({"text": "He said \"hi\"\nline2", "opts": {"a": [1, 2], "b": true}})");
   EXPECT_NO_THROW(ojson::parse(m.tool_calls[0].arguments));
 }
 
-TEST(StrictParser, NoParametersGivesEmptyObject) {
+TEST(chat_strict_parser, NoParametersGivesEmptyObject) {
   EXPECT_EQ(parse_completion_strict(kNoParams, CH).tool_calls.at(0).arguments, "{}");
   // One "\n" instead of the empty line is accepted too.
   const std::string one = "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"now\">\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>" + EOS;
   EXPECT_EQ(parse_completion_strict(one, CH).tool_calls.at(0).arguments, "{}");
 }
 
-TEST(StrictParser, PlainAnswers) {
+TEST(chat_strict_parser, PlainAnswers) {
   auto m = parse_completion_strict("r1\nr2</think>\nHello!\n" + EOS, TH);
   EXPECT_EQ(m.reasoning_content, "r1\nr2");
   EXPECT_EQ(m.content, "\nHello!\n");  // the reference keeps newlines
@@ -85,7 +85,7 @@ TEST(StrictParser, PlainAnswers) {
   EXPECT_NO_THROW(parse_completion_strict(kNoParams.substr(0, kNoParams.size() - EOS.size()), CH));
 }
 
-TEST(StrictParser, RejectsMalformed) {
+TEST(chat_strict_parser, RejectsMalformed) {
   const std::string bad[] = {
       "no think end" + EOS,                                  // thinking: missing </think>
       "r</think>answer",                                     // missing EOS
@@ -177,7 +177,7 @@ std::vector<Sample> valid_samples() {
   };
 }
 
-TEST(StreamParser, RawModeEqualsStrictForEveryChunking) {
+TEST(chat_stream_parser, RawModeEqualsStrictForEveryChunking) {
   std::mt19937 rng(123);
   StreamParserOptions raw;
   raw.strip_newlines = false;
@@ -200,7 +200,7 @@ TEST(StreamParser, RawModeEqualsStrictForEveryChunking) {
   }
 }
 
-TEST(StreamParser, EverySplitPointOfTheParallelExample) {  // DeepSeek's own split-point test
+TEST(chat_stream_parser, EverySplitPointOfTheParallelExample) {  // DeepSeek's own split-point test
   const ParsedMessage want = parse_completion_strict(kParallel, TH);
   for (std::size_t cut = 0; cut <= kParallel.size(); ++cut) {
     const Streamed r = stream({kParallel.substr(0, cut), kParallel.substr(cut)}, {});
@@ -209,7 +209,7 @@ TEST(StreamParser, EverySplitPointOfTheParallelExample) {  // DeepSeek's own spl
   }
 }
 
-TEST(StreamParser, DefaultModeStripsNewlinesLikeTheRecipe) {
+TEST(chat_stream_parser, DefaultModeStripsNewlinesLikeTheRecipe) {
   std::mt19937 rng(5);
   const std::string t = "\n\nreasoning\n\n</think>\n\nanswer\n\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"f\">\n\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>" + EOS;
   for (int k = 0; k < 100; ++k) {
@@ -223,7 +223,7 @@ TEST(StreamParser, DefaultModeStripsNewlinesLikeTheRecipe) {
   EXPECT_EQ(StreamParser::parse("\n\na\n\nb\n" + EOS, chat_opts()).content, "a\n\nb\n");
 }
 
-TEST(StreamParser, EventsOfTheParallelExample) {
+TEST(chat_stream_parser, EventsOfTheParallelExample) {
   std::vector<StreamEvent> ev;
   StreamParser p;
   p.feed(kParallel, ev);
@@ -240,7 +240,7 @@ TEST(StreamParser, EventsOfTheParallelExample) {
   EXPECT_EQ(p.anomalies(), 0);
 }
 
-TEST(StreamParser, ArgumentsStreamIncrementally) {
+TEST(chat_stream_parser, ArgumentsStreamIncrementally) {
   StreamParser p;
   std::vector<StreamEvent> ev;
   const std::size_t cut = kParallel.find("\">Paris") + 5;  // mid-value
@@ -250,7 +250,7 @@ TEST(StreamParser, ArgumentsStreamIncrementally) {
   EXPECT_EQ(ev.back().text, "{\"city\": \"Par");
 }
 
-TEST(StreamParser, MarkerSplitAcrossChunksNeverLeaks) {
+TEST(chat_stream_parser, MarkerSplitAcrossChunksNeverLeaks) {
   StreamParser p(chat_opts());
   std::vector<StreamEvent> ev;
   p.feed("hello <｜DS", ev);
@@ -268,7 +268,7 @@ TEST(StreamParser, MarkerSplitAcrossChunksNeverLeaks) {
   EXPECT_EQ(q.result().content, "a <b>");
 }
 
-TEST(StreamParser, NeverSplitsUtf8Characters) {
+TEST(chat_stream_parser, NeverSplitsUtf8Characters) {
   const std::string t = "思考😀</think>答案é" + EOS;
   StreamParser p;
   std::vector<StreamEvent> ev;
@@ -282,7 +282,7 @@ TEST(StreamParser, NeverSplitsUtf8Characters) {
   EXPECT_EQ(p.result().content, "答案é");
 }
 
-TEST(StreamParser, ToleratesDeviations) {
+TEST(chat_stream_parser, ToleratesDeviations) {
   // Tool block inside the reasoning (no </think>).
   auto m = StreamParser::parse("thinking\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"f\">\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>" + EOS, {});
   EXPECT_EQ(m.reasoning_content, "thinking");
@@ -310,7 +310,7 @@ TEST(StreamParser, ToleratesDeviations) {
   EXPECT_GT(q.anomalies(), 0);
 }
 
-TEST(StreamParser, TruncatedOutputStillGivesValidJson) {
+TEST(chat_stream_parser, TruncatedOutputStillGivesValidJson) {
   const std::string full = kParallel;
   const std::size_t start = full.find("<｜DSML｜invoke");
   for (std::size_t cut = start; cut < full.size(); cut += 3) {
@@ -319,7 +319,7 @@ TEST(StreamParser, TruncatedOutputStillGivesValidJson) {
   }
 }
 
-TEST(StreamParser, StopStringsOnlyInContent) {
+TEST(chat_stream_parser, StopStringsOnlyInContent) {
   StreamParserOptions o;
   o.stop = {"STOP", "\n\nEND"};
   std::mt19937 rng(9);

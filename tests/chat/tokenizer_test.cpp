@@ -38,7 +38,7 @@ std::string bytelevel(std::string_view b) {
   return out;
 }
 
-struct Fixture : ::testing::Test {
+struct chat_tokenizer : ::testing::Test {
   static const Tokenizer& tok() {
     static const Tokenizer t = Tokenizer::from_file(tokenizer_path());
     return t;
@@ -53,9 +53,9 @@ struct Fixture : ::testing::Test {
   }
 };
 
-TEST_F(Fixture, VocabSizeMatches) { EXPECT_EQ(tok().vocab_size(), golden().at("vocab_size").get<std::size_t>()); }
+TEST_F(chat_tokenizer, VocabSizeMatches) { EXPECT_EQ(tok().vocab_size(), golden().at("vocab_size").get<std::size_t>()); }
 
-TEST_F(Fixture, CorpusIsNonTrivial) {
+TEST_F(chat_tokenizer, CorpusIsNonTrivial) {
   const auto& cases = golden().at("cases");
   ASSERT_GE(cases.size(), 200u);
   std::size_t ids = 0, added = 0;
@@ -67,7 +67,7 @@ TEST_F(Fixture, CorpusIsNonTrivial) {
   EXPECT_GT(added, 50u);
 }
 
-TEST_F(Fixture, EncodeMatchesHF) {
+TEST_F(chat_tokenizer, EncodeMatchesHF) {
   int bad = 0;
   for (const auto& c : golden().at("cases")) {
     const std::string raw = from_hex(c.at("bytes_hex"));
@@ -79,7 +79,7 @@ TEST_F(Fixture, EncodeMatchesHF) {
   EXPECT_EQ(bad, 0);
 }
 
-TEST_F(Fixture, PretokenizerMatchesHF) {
+TEST_F(chat_tokenizer, PretokenizerMatchesHF) {
   for (const auto& c : golden().at("cases")) {
     const std::string text = utf8_lossy(from_hex(c.at("bytes_hex")));
     std::vector<std::string_view> pieces;
@@ -90,7 +90,7 @@ TEST_F(Fixture, PretokenizerMatchesHF) {
   }
 }
 
-TEST_F(Fixture, DecodeMatchesHF) {
+TEST_F(chat_tokenizer, DecodeMatchesHF) {
   for (const auto& c : golden().at("cases")) {
     const auto ids = c.at("ids").get<std::vector<TokenId>>();
     EXPECT_EQ(tok().decode(ids), c.at("decoded").get<std::string>()) << c.at("name");
@@ -106,14 +106,14 @@ TEST_F(Fixture, DecodeMatchesHF) {
   }
 }
 
-TEST_F(Fixture, RoundTripDecode) {
+TEST_F(chat_tokenizer, RoundTripDecode) {
   for (const auto& c : golden().at("cases")) {
     const std::string text = utf8_lossy(from_hex(c.at("bytes_hex")));
     EXPECT_EQ(tok().decode(tok().encode(text)), text) << c.at("name");
   }
 }
 
-TEST_F(Fixture, StreamingDetokenizerEqualsDecodeAndIsValidUtf8) {
+TEST_F(chat_tokenizer, StreamingDetokenizerEqualsDecodeAndIsValidUtf8) {
   std::mt19937 rng(1);
   std::vector<std::vector<TokenId>> seqs;
   for (const auto& c : golden().at("cases")) seqs.push_back(c.at("ids").get<std::vector<TokenId>>());
@@ -138,12 +138,12 @@ TEST_F(Fixture, StreamingDetokenizerEqualsDecodeAndIsValidUtf8) {
   }
 }
 
-TEST_F(Fixture, UnknownIdIsAnError) {
+TEST_F(chat_tokenizer, UnknownIdIsAnError) {
   const std::vector<TokenId> ids{static_cast<TokenId>(tok().vocab_size())};
   EXPECT_THROW(tok().decode(ids), Error);
 }
 
-TEST(TokenizerLoad, RejectsUnsupportedFeatures) {
+TEST(chat_tokenizer_load, RejectsUnsupportedFeatures) {
   EXPECT_THROW(Tokenizer::from_json_string("{}"), Error);
   EXPECT_THROW(Tokenizer::from_json_string("not json"), Error);
   const std::string base =
@@ -152,7 +152,7 @@ TEST(TokenizerLoad, RejectsUnsupportedFeatures) {
   EXPECT_THROW(Tokenizer::from_file("/nonexistent/tokenizer.json"), Error);
 }
 
-TEST(Utf8, LossyMatchesMaximalSubpartRule) {
+TEST(chat_utf8, LossyMatchesMaximalSubpartRule) {
   // Expected values are what Python's bytes.decode("utf-8", "replace") returns.
   EXPECT_EQ(utf8_lossy("\xed\xa0\x80"), "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");
   EXPECT_EQ(utf8_lossy("\xe4\xb8"), "\xEF\xBF\xBD");
