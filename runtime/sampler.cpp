@@ -68,8 +68,13 @@ std::vector<double> sampling_distribution(std::span<const float> z, const Sampli
     for (size_t i = 0; i < V; ++i)
       if (pr[i] > 0) idx.push_back(static_cast<int32_t>(i));
     auto more_likely = [&](int32_t a, int32_t b) { return pr[a] != pr[b] ? pr[a] > pr[b] : a < b; };
-    std::sort(idx.begin(), idx.end(), more_likely);
     size_t keep = top_k ? std::min(idx.size(), static_cast<size_t>(p.top_k)) : idx.size();
+    if (keep < idx.size()) {  // only the top k need an order (vocab-size sorts are slow)
+      std::nth_element(idx.begin(), idx.begin() + keep, idx.end(), more_likely);
+      std::sort(idx.begin(), idx.begin() + keep, more_likely);
+    } else {
+      std::sort(idx.begin(), idx.end(), more_likely);
+    }
     if (p.top_p < 1.0f) {
       double total = 0, cum = 0;
       for (size_t i = 0; i < keep; ++i) total += pr[idx[i]];
