@@ -7,6 +7,9 @@ corpus of tricky inputs (ids, decodes, pre-tokenizer pieces).
 Run on the GPU machine (it has `tokenizers` 0.23):  python3 scripts/make_tokenizer_golden.py $OUT
 Everything is generated here (no downloads); the output is deterministic for a given
 `tokenizers` version.  `--corpus-only DIR` writes just the corpus (works without tokenizers).
+`--check TOKENIZER_JSON GOLDEN_JSON` re-derives every expected value of an existing golden
+with the Python package and reports mismatches (the committed files were produced through
+HF's Node binding by scripts/make_tokenizer_golden_node.js; this cross-checks them).
 """
 import json
 import random
@@ -179,8 +182,37 @@ def make_test_corpus(rng):
     return items
 
 
+def check(tok_path, golden_path):
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_file(tok_path)
+    g = json.load(open(golden_path, encoding="utf-8"))
+    bad = 0
+    assert tok.get_vocab_size(with_added_tokens=True) == g["vocab_size"]
+    for c in g["cases"]:
+        text = bytes.fromhex(c["bytes_hex"]).decode("utf-8", errors="replace")
+        ids = tok.encode(text, add_special_tokens=False).ids
+        got = {"ids": ids, "pieces": [p for p, _ in tok.pre_tokenizer.pre_tokenize_str(text)],
+               "decoded": tok.decode(ids, skip_special_tokens=False),
+               "decoded_skip_special": tok.decode(ids, skip_special_tokens=True),
+               "per_id_decoded": [tok.decode([i], skip_special_tokens=False) for i in ids[:64]]}
+        for k, v in got.items():
+            if c[k] != v:
+                bad += 1
+                print("MISMATCH", c["name"], k)
+    for c in g["decode_cases"]:
+        if tok.decode(c["ids"], skip_special_tokens=False) != c["decoded"] or \
+           tok.decode(c["ids"], skip_special_tokens=True) != c["decoded_skip_special"]:
+            bad += 1
+            print("MISMATCH decode", c["ids"])
+    print(len(g["cases"]), "cases,", len(g["decode_cases"]), "decode cases,", bad, "mismatches")
+    sys.exit(1 if bad else 0)
+
+
 def main():
     rng = random.Random(20260731)
+    if len(sys.argv) == 4 and sys.argv[1] == "--check":
+        check(sys.argv[2], sys.argv[3])
+        return
     if len(sys.argv) == 3 and sys.argv[1] == "--corpus-only":
         out = sys.argv[2]
         lines = make_training_corpus(rng)
