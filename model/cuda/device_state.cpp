@@ -1,5 +1,6 @@
 #include "model/cuda/device_state.h"
 
+#include "backend/cuda/check.h"
 #include "core/error.h"
 
 namespace dsv4 {
@@ -26,7 +27,11 @@ DeviceSequence::DeviceSequence(const ModelConfig& cfg, int64_t capacity) : capac
     sizes.push_back(n_entries * D);
     sizes.push_back(k == AttnKind::CSA ? n_entries * dI : 0);
     layers.push_back(s);
+    ratio_.push_back(m);
+    dI_.push_back(k == AttnKind::CSA ? dI : 0);
   }
+  W_ = W;
+  D0_ = D;
   int64_t total = 0;
   for (int64_t n : sizes) total += (n + 63) / 64 * 64;
   buf_ = cuda::DeviceBuffer(static_cast<size_t>(total) * sizeof(float));
@@ -47,6 +52,27 @@ DeviceSequence::DeviceSequence(const ModelConfig& cfg, int64_t capacity) : capac
     s.entries = take(sizes[i++]);
     s.idx_keys = take(sizes[i++]);
   }
+}
+
+void DeviceSequence::copy_state_from(const DeviceSequence& src, cudaStream_t stream) {
+  DSV4_CHECK(layers.size() == src.layers.size(), "copy_state_from: sequences of different models");
+  DSV4_CHECK(capacity_ >= src.pos, "copy_state_from: capacity ", capacity_, " < ", src.pos, " tokens");
+  auto copy = [&](float* dst, const float* from, int64_t n) {
+    if (n > 0) DSV4_CUDA_CHECK(cudaMemcpyAsync(dst, from, n * sizeof(float), cudaMemcpyDeviceToDevice, stream));
+  };
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const DeviceLayerState &a = src.layers[l];
+    DeviceLayerState& b = layers[l];
+    copy(b.ring, a.ring, W_ * D0_);
+    copy(b.cmp_a, a.cmp_a, a.cmp_rows * a.cmp_width);
+    copy(b.cmp_z, a.cmp_z, a.cmp_rows * a.cmp_width);
+    copy(b.idx_a, a.idx_a, a.idx_rows * a.idx_width);
+    copy(b.idx_z, a.idx_z, a.idx_rows * a.idx_width);
+    const int64_t closed = ratio_[l] > 0 ? src.pos / ratio_[l] : 0;
+    copy(b.entries, a.entries, closed * D0_);
+    copy(b.idx_keys, a.idx_keys, closed * dI_[l]);
+  }
+  pos = src.pos;
 }
 
 }  // namespace dsv4

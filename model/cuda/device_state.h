@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <vector>
 
+#include <cuda_runtime.h>
+
 #include "backend/cuda/device.h"
 #include "io/config.h"
 
@@ -27,9 +29,14 @@ class DeviceSequence {
   int64_t capacity() const { return capacity_; }
   size_t bytes() const { return buf_.bytes(); }
   std::vector<DeviceLayerState> layers;
+  // Makes this sequence continue exactly like `src` (device-to-device copies of the rings, the
+  // closed entries and indexer keys). Needs capacity() >= src.pos. Ordered on `stream`.
+  void copy_state_from(const DeviceSequence& src, cudaStream_t stream);
 
  private:
   int64_t capacity_;
+  std::vector<int64_t> ratio_, D_, dI_;  // per layer: compression ratio and entry widths
+  int64_t W_ = 0, D0_ = 0;
   cuda::DeviceBuffer buf_;
 };
 

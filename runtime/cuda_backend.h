@@ -1,0 +1,23 @@
+// ModelBackend over the device-resident CudaModel: a sequence's state is allocated on the GPU
+// for its whole capacity at creation; snapshots are device copies trimmed to their position.
+#pragma once
+#include "model/cuda/cuda_model.h"
+#include "runtime/backend.h"
+
+namespace dsv4 {
+
+class CudaBackend final : public ModelBackend {
+ public:
+  explicit CudaBackend(CudaModel& model) : model_(&model) {}
+  const ModelConfig& config() const override { return model_->config(); }
+  bool fixed_capacity() const override { return true; }
+  std::unique_ptr<BackendSequence> new_sequence(int64_t capacity) override;
+  std::vector<float> forward(std::span<const BackendChunk> chunks) override;
+  std::unique_ptr<BackendSnapshot> snapshot(const BackendSequence& seq) override;
+  std::unique_ptr<BackendSequence> restore(const BackendSnapshot& snap, int64_t capacity) override;
+
+ private:
+  CudaModel* model_;
+};
+
+}  // namespace dsv4
