@@ -215,8 +215,10 @@ void write_random_checkpoint(const ModelConfig& cfg, const std::string& dir, boo
 
 ModelConfig tiny_config() {
   ModelConfig c;
-  c.vocab_size = 512;
-  c.hidden_size = 256;
+  // Vocab = the shipped tokenizer's (models/tiny/tokenizer.json: 8960 BPE + 1283 added tokens);
+  // hidden 128 keeps the BF16 embed/head small enough to ship.
+  c.vocab_size = 10240;
+  c.hidden_size = 128;
   c.num_layers = 4;
   c.num_heads = 4;
   c.head_dim = 128;

@@ -428,7 +428,8 @@ TEST(Engine, BadRequestsAreClearErrors) {
     }
   };
   bad([](Request& r) { r.prompt.clear(); }, "empty prompt");
-  bad([](Request& r) { r.prompt[1] = 512; }, "prompt token id 512");
+  bad([](Request& r) { r.prompt[1] = static_cast<int32_t>(tiny().config().vocab_size); },
+      "prompt token id " + std::to_string(tiny().config().vocab_size));
   bad([](Request& r) { r.stop.max_tokens = 0; }, "max_tokens");
   bad([](Request& r) { r.stop.max_tokens = 2000; }, "context limit of 1024");
   bad([](Request& r) { r.stop.stop_strings = {"x"}; }, "detokenizer hook");
