@@ -15,6 +15,10 @@
 #include "model/cuda/cuda_model.h"
 #include "tools/bench.h"
 #endif
+#ifdef DSV4_HAVE_SERVER
+#include "server/bench_serve.h"
+#include "server/serve.h"
+#endif
 
 using namespace dsv4;
 
@@ -105,8 +109,18 @@ int main(int argc, char** argv) {
   bench->add_option("--prefill", bopt.prefill, "prefill length")->capture_default_str();
   bench->add_option("--steps", bopt.steps, "timed decode steps")->capture_default_str();
 
+#ifdef DSV4_HAVE_SERVER
+  ServeOptions sopt;
+  auto* serve = add_serve_command(app, sopt);
+  BenchServeOptions bsopt;
+  auto* bench_serve = add_bench_serve_command(*bench, bsopt);
+#endif
   CLI11_PARSE(app, argc, argv);
   try {
+#ifdef DSV4_HAVE_SERVER
+    if (*serve) return run_serve(sopt);
+    if (*bench_serve) return run_bench_serve(bsopt);
+#endif
     if (*tiny) {
       ModelConfig cfg = tiny_cfg.empty() ? tiny_config() : load_config(tiny_cfg);
       RandomCheckpointOptions opt{tiny_seed, !tiny_no_mtp};
