@@ -81,6 +81,8 @@ std::string Metrics::render(const EngineStats& s) const {
   gauge("kv_cache_used_bytes", "Bytes of the KV/state budget in use.", double(s.kv_used));
   gauge("kv_cache_budget_bytes", "Bytes of the KV/state budget.", double(s.kv_budget));
   gauge("prefix_cache_entries", "Prefix-cache snapshots held.", double(s.prefix_cache_entries));
+  gauge("prefix_cache_bytes", "Bytes of the KV/state budget held by prefix-cache snapshots.",
+        double(s.prefix_cache_bytes));
   counter("prefix_cache_hit_tokens_total", "Prompt tokens restored from the prefix cache.", double(s.prefix_hit_tokens));
   counter("num_preemptions_total", "Sequences preempted (recomputed later) for lack of KV memory.",
           double(s.preemptions));

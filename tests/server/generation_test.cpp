@@ -65,7 +65,7 @@ ojson run(Engine& e, const GenerationPlan& p) {
   return r;
 }
 
-TEST(ServerGeneration, ScriptedToolCallParsesEndToEnd) {
+TEST(server_generation, ScriptedToolCallParsesEndToEnd) {
   ScriptedBackend be(load_config(kDir + "/config.json"), tok(), script());
   Engine e(be, EngineOptions{});
   e.start();
@@ -87,7 +87,7 @@ TEST(ServerGeneration, ScriptedToolCallParsesEndToEnd) {
   EXPECT_EQ(plain["choices"][0]["finish_reason"], "stop");
 }
 
-TEST(ServerGeneration, BatchedAndPreemptedRunsMatchSoloRuns) {
+TEST(server_generation, BatchedAndPreemptedRunsMatchSoloRuns) {
   ScriptedBackend be(load_config(kDir + "/config.json"), tok(), script());
   std::vector<GenerationPlan> plans;
   for (int i = 0; i < 6; ++i) plans.push_back(weather_plan("the weather, case " + std::to_string(i)));

@@ -54,7 +54,7 @@ bool ends_with(const std::string& s, const std::string& t) {
   return s.size() >= t.size() && s.compare(s.size() - t.size(), t.size(), t) == 0;
 }
 
-TEST(ServerRequest, RejectsWrongTypesAndRangesNamingTheField) {
+TEST(server_request, RejectsWrongTypesAndRangesNamingTheField) {
   struct Case {
     ojson extra;
     std::string param;
@@ -94,7 +94,7 @@ TEST(ServerRequest, RejectsWrongTypesAndRangesNamingTheField) {
   }
 }
 
-TEST(ServerRequest, ModelAndMessagesAreChecked) {
+TEST(server_request, ModelAndMessagesAreChecked) {
   ojson b = chat();
   b["model"] = "gpt-4";
   ApiError e = chat_error(b);
@@ -117,7 +117,7 @@ TEST(ServerRequest, ModelAndMessagesAreChecked) {
   EXPECT_EQ(chat_error(chat({{"messages", ojson::array({{{"role", "user"}, {"content", 5}}})}})).param, "messages");
 }
 
-TEST(ServerRequest, PromptLongerThanTheContextIs400) {
+TEST(server_request, PromptLongerThanTheContextIs400) {
   std::string longtext;
   for (int i = 0; i < 200; ++i) longtext += "word ";
   ApiError e = chat_error(chat({{"messages", ojson::array({{{"role", "user"}, {"content", longtext}}})}}));
@@ -129,7 +129,7 @@ TEST(ServerRequest, PromptLongerThanTheContextIs400) {
   EXPECT_EQ(e.code, "context_length_exceeded");
 }
 
-TEST(ServerRequest, ThinkingSwitchesFollowTheSpecOrder) {
+TEST(server_request, ThinkingSwitchesFollowTheSpecOrder) {
   auto mode = [](const ojson& extra) { return parse_chat_request(chat(extra), cfg(), tok()).mode; };
   EXPECT_EQ(mode({}), ThinkingMode::kThinking);  // server default: on
   EXPECT_EQ(mode({{"thinking", {{"type", "disabled"}}}}), ThinkingMode::kChat);
@@ -154,7 +154,7 @@ TEST(ServerRequest, ThinkingSwitchesFollowTheSpecOrder) {
   EXPECT_NE(prompt_text(m).find("Reasoning Effort: Absolute maximum"), std::string::npos);
 }
 
-TEST(ServerRequest, ThinkingModeFixesSamplingUnlessOptedOut) {
+TEST(server_request, ThinkingModeFixesSamplingUnlessOptedOut) {
   const GenerationPlan t = parse_chat_request(chat({{"temperature", 0}, {"top_p", 0.5}}), cfg(), tok());
   EXPECT_EQ(t.sampling.temperature, 1.0f);
   EXPECT_EQ(t.sampling.top_p, 1.0f);
@@ -165,7 +165,7 @@ TEST(ServerRequest, ThinkingModeFixesSamplingUnlessOptedOut) {
   EXPECT_EQ(c.sampling.temperature, 0.5f);
 }
 
-TEST(ServerRequest, ToolChoice) {
+TEST(server_request, ToolChoice) {
   ojson tools = ojson::array({{{"type", "function"},
                                {"function", {{"name", "get_weather"}, {"parameters", {{"type", "object"}}}}}}});
   ApiConfig big = cfg();
@@ -191,7 +191,7 @@ TEST(ServerRequest, ToolChoice) {
   EXPECT_EQ(chat_error(chat({{"tool_choice", "required"}}), big).param, "tool_choice");  // no tools
 }
 
-TEST(ServerRequest, Completions) {
+TEST(server_request, Completions) {
   GenerationPlan p = parse_completion_request({{"model", "tiny"}, {"prompt", ojson::array({5, 6, 7})}}, cfg(), tok());
   EXPECT_EQ(p.prompt, (std::vector<int32_t>{5, 6, 7}));
   EXPECT_EQ(p.stop.max_tokens, 16);  // OpenAI default
@@ -214,7 +214,7 @@ TEST(ServerRequest, Completions) {
   EXPECT_EQ(completion_error({{"model", "other"}, {"prompt", "x"}}).status, 404);
 }
 
-TEST(ServerRequest, ErrorBodyHasOpenAIShape) {
+TEST(server_request, ErrorBodyHasOpenAIShape) {
   const ojson b = error_body(ApiError(400, "bad", "temperature"));
   ASSERT_TRUE(b.contains("error"));
   EXPECT_EQ(b["error"]["message"], "bad");

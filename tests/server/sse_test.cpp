@@ -26,7 +26,7 @@ std::vector<std::string> events(const std::string& s) {
   return out;
 }
 
-TEST(ServerSse, OneLinePerEventAndDone) {
+TEST(server_sse, OneLinePerEventAndDone) {
   const std::string e = sse_event({{"content", "line1\nline2\r\n\"q\""}});
   EXPECT_EQ(e, "data: {\"content\":\"line1\\nline2\\r\\n\\\"q\\\"\"}\n\n");
   EXPECT_EQ(sse_done(), "data: [DONE]\n\n");
@@ -35,7 +35,7 @@ TEST(ServerSse, OneLinePerEventAndDone) {
   EXPECT_NO_THROW(sse_event({{"t", std::string("\xff\xfe")}}));
 }
 
-TEST(ServerSse, ChatStreamShape) {
+TEST(server_sse, ChatStreamShape) {
   ResponseBuilder b(true, "tiny");
   std::string s = b.stream_open();
   using K = OutputDelta::Kind;
@@ -81,7 +81,7 @@ TEST(ServerSse, ChatStreamShape) {
   EXPECT_EQ(u["prompt_cache_miss_tokens"], 6);
 }
 
-TEST(ServerSse, UsageChunkOnlyWhenAskedAndErrorsEndTheStream) {
+TEST(server_sse, UsageChunkOnlyWhenAskedAndErrorsEndTheStream) {
   ResponseBuilder b(false, "tiny");
   GenerationSummary sum;
   sum.finish_reason = "length";
@@ -98,7 +98,7 @@ TEST(ServerSse, UsageChunkOnlyWhenAskedAndErrorsEndTheStream) {
   EXPECT_EQ(ev[1], "[DONE]");
 }
 
-TEST(ServerSse, NonStreamingMessage) {
+TEST(server_sse, NonStreamingMessage) {
   ResponseBuilder b(true, "tiny");
   using K = OutputDelta::Kind;
   b.add({{K::kToolBegin, 0, "f"}, {K::kToolArgs, 0, "{\"a\": "}, {K::kToolArgs, 0, "1}"}});
