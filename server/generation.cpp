@@ -62,7 +62,15 @@ Generation::Generation(Engine& engine, const Tokenizer& tok, const GenerationPla
 }
 
 Generation::~Generation() {
-  if (!finished_) engine_->cancel(id_);
+  if (finished_) return;
+  engine_->cancel(id_);
+  if (metrics_) {  // the client left before the end: count it as aborted
+    timings_.e2e = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+    timings_.prompt_tokens = static_cast<int64_t>(plan_.prompt.size());
+    timings_.generation_tokens = timings_.ttft < 0 ? 0 : static_cast<int64_t>(timings_.itl.size()) + 1;
+    timings_.finish_reason = "abort";
+    metrics_->on_request_finished(timings_);
+  }
 }
 
 void Generation::cancel() {

@@ -49,6 +49,29 @@ struct StreamState {
   std::chrono::steady_clock::time_point last_write = std::chrono::steady_clock::now();
 };
 
+// One provider call: waits up to 100 ms for deltas and writes them as SSE. False = abort.
+bool write_stream(StreamState& st, httplib::DataSink& sink) {
+  std::string out;
+  if (!st.opened) {
+    out = st.builder.stream_open();
+    st.opened = true;
+  }
+  std::vector<OutputDelta> d;
+  const bool fin = st.gen->poll(100ms, d);
+  out += st.builder.stream_deltas(d);
+  if (fin) out += st.builder.stream_close(st.gen->summary(), st.include_usage);
+  const auto now = std::chrono::steady_clock::now();
+  // While nothing is produced (queued, long prefill) a comment line every second tells
+  // us whether the client is still there.
+  if (out.empty() && now - st.last_write > 1s) out = sse_keepalive();
+  if (!out.empty()) {
+    if (!sink.write(out.data(), out.size())) return false;  // client gone: releaser cancels
+    st.last_write = now;
+  }
+  if (fin) sink.done();
+  return true;
+}
+
 }  // namespace
 
 ApiServer::ApiServer(Engine& engine, const Tokenizer& tok, ApiConfig api, TokenMap map, HttpOptions opt)
@@ -212,25 +235,12 @@ void ApiServer::generate(const httplib::Request& req, httplib::Response& res, bo
   res.set_chunked_content_provider(
       "text/event-stream",
       [st](size_t, httplib::DataSink& sink) {
-        std::string out;
-        if (!st->opened) {
-          out = st->builder.stream_open();
-          st->opened = true;
+        try {
+          return write_stream(*st, sink);
+        } catch (const std::exception& e) {  // never let an exception reach httplib's writer thread
+          std::fprintf(stderr, "dsv4 serve: stream aborted: %s\n", e.what());
+          return false;
         }
-        std::vector<OutputDelta> d;
-        const bool fin = st->gen->poll(100ms, d);
-        out += st->builder.stream_deltas(d);
-        if (fin) out += st->builder.stream_close(st->gen->summary(), st->include_usage);
-        const auto now = std::chrono::steady_clock::now();
-        // While nothing is produced (queued, long prefill) a comment line every second tells
-        // us whether the client is still there.
-        if (out.empty() && now - st->last_write > 1s) out = sse_keepalive();
-        if (!out.empty()) {
-          if (!sink.write(out.data(), out.size())) return false;  // client gone: releaser cancels
-          st->last_write = now;
-        }
-        if (fin) sink.done();
-        return true;
       },
       [this, st](bool) {
         st->gen->cancel();  // no-op when it finished; frees the engine's pages when the client left
