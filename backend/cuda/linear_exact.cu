@@ -50,21 +50,33 @@ using namespace detail;
 
 constexpr int kGemvWarps = 8;
 
-template <int F, int R, bool VEC>
+// One warp per NR output rows (NR > 1 only with VEC and R <= 2, see gemv_warp_rows).
+template <int F, int R, bool VEC, int NR>
 __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(DevWeight w, const float* __restrict__ x, int rows,
                                                               float* __restrict__ y, int64_t row_begin, int64_t n_out,
                                                               int64_t ldx, int64_t ldy) {
-  const int64_t oi = static_cast<int64_t>(blockIdx.x) * kGemvWarps + threadIdx.x / 32;
+  const int64_t oi = (static_cast<int64_t>(blockIdx.x) * kGemvWarps + threadIdx.x / 32) * NR;
   if (oi >= n_out) return;
   const float* xs[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) xs[r] = x + static_cast<int64_t>(r < rows ? r : 0) * ldx;
-  float acc[R];
-  gemv_warp<F, R, VEC>(w, row_begin + oi, xs, rows, acc);
   const int lane = threadIdx.x & 31;
+  if constexpr (NR == 1) {
+    float acc[R];
+    gemv_warp<F, R, VEC>(w, row_begin + oi, xs, rows, acc);
 #pragma unroll
-  for (int r = 0; r < R; ++r)
-    if (r == lane && r < rows) y[r * ldy + oi] = acc[r];
+    for (int r = 0; r < R; ++r)
+      if (r == lane && r < rows) y[r * ldy + oi] = acc[r];
+  } else {
+    const int n_o = static_cast<int>(n_out - oi < NR ? n_out - oi : NR);
+    float acc[NR][R];
+    gemv_warp_rows<F, R, NR>(w, row_begin + oi, n_o, xs, rows, acc);
+#pragma unroll
+    for (int q = 0; q < NR; ++q)
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+        if (q * R + r == lane && q < n_o && r < rows) y[r * ldy + oi + q] = acc[q][r];
+  }
 }
 
 struct IdentityX {
@@ -87,14 +99,27 @@ __global__ void __launch_bounds__(kTileThreads) tile_kernel(DevWeight w, const f
             IdentityY{y + m0 * ldy, ldy});
 }
 
+// Four rows per warp when that still leaves >= 2 blocks per SM (H200: 132 SMs).
+constexpr int kRowsPerWarp = 4;
+constexpr int64_t kMultiRowMinOut = 2 * 132 * kGemvWarps * kRowsPerWarp;
+
 template <int F, int R>
 void launch_gemv_r(const DevWeight& w, const float* x, int rows, float* y, int64_t rb, int64_t n, int64_t ldx,
                    int64_t ldy, bool vec, cudaStream_t s) {
-  const dim3 grid(static_cast<unsigned>((n + kGemvWarps - 1) / kGemvWarps));
+  const auto blocks = [&](int64_t per_warp) {
+    return dim3(static_cast<unsigned>((n + kGemvWarps * per_warp - 1) / (kGemvWarps * per_warp)));
+  };
+  if constexpr (R <= 2) {
+    if (vec && n >= kMultiRowMinOut) {
+      gemv_kernel<F, R, true, kRowsPerWarp><<<blocks(kRowsPerWarp), kGemvWarps * 32, 0, s>>>(w, x, rows, y, rb, n, ldx, ldy);
+      DSV4_CUDA_LAUNCH_CHECK();
+      return;
+    }
+  }
   if (vec)
-    gemv_kernel<F, R, true><<<grid, kGemvWarps * 32, 0, s>>>(w, x, rows, y, rb, n, ldx, ldy);
+    gemv_kernel<F, R, true, 1><<<blocks(1), kGemvWarps * 32, 0, s>>>(w, x, rows, y, rb, n, ldx, ldy);
   else
-    gemv_kernel<F, R, false><<<grid, kGemvWarps * 32, 0, s>>>(w, x, rows, y, rb, n, ldx, ldy);
+    gemv_kernel<F, R, false, 1><<<blocks(1), kGemvWarps * 32, 0, s>>>(w, x, rows, y, rb, n, ldx, ldy);
   DSV4_CUDA_LAUNCH_CHECK();
 }
 

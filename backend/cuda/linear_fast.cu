@@ -10,6 +10,7 @@
 #include <cuda_bf16.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <tuple>
 
@@ -36,11 +37,26 @@ __global__ void expand_scales_kernel(detail::DevWeight w, int64_t row_begin, int
   ws[i] = detail::scale_at(w, (row_begin + j) / 128, kb);
 }
 
+// ws[bi * l4 + kb] = scale(block row b0 + bi, kb), zero in the K padding.
+__global__ void expand_blk_kernel(detail::DevWeight w, int64_t b0, int64_t nb, int64_t kblocks, int64_t l4,
+                                  float* ws) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= nb * l4) return;
+  const int64_t bi = i / l4, kb = i % l4;
+  ws[i] = kb < kblocks ? detail::scale_at(w, b0 + bi, kb) : 0.f;
+}
+
 __global__ void to_bf16_kernel(const float* x, int64_t rows, int64_t in, int64_t ldx, __nv_bfloat16* xb) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= rows * in) return;
   const int64_t r = i / in, k = i % in;
   xb[i] = __float2bfloat16_rn(x[r * ldx + k]);
+}
+
+__global__ void bf16_to_f32_kernel(const __nv_bfloat16* yb, int64_t rows, int64_t n, float* y, int64_t ldy) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= rows * n) return;
+  y[(i / n) * ldy + i % n] = __bfloat162float(yb[i]);
 }
 
 unsigned blocks256(int64_t n) { return static_cast<unsigned>((n + 255) / 256); }
@@ -62,7 +78,8 @@ struct FastLinear::Impl {
   DeviceBuffer workspace{kWorkspace};
   DeviceBuffer xq, xs, xf, yb;
   std::map<std::tuple<const void*, const void*, int64_t, int64_t>, DeviceBuffer> wscales;
-  std::map<std::tuple<int, int64_t, int64_t, int64_t, int64_t>, Plan> plans;
+  std::map<std::tuple<int, int64_t, int64_t, int64_t, int64_t, int>, Plan> plans;
+  DeviceBuffer yb16;
   bool warned = false;
 
   Impl() { DSV4_CUBLAS_CHECK(cublasLtCreate(&lt)); }
@@ -78,8 +95,10 @@ struct FastLinear::Impl {
 
   // m = outputs, n = activation rows, k = in; A = W (row-major [m, k] = column-major k x m, op T),
   // B = activations (column-major k x n, op N), D = y (column-major m x n = row-major [n, m]).
-  Plan& plan(Kind kind, int64_t m, int64_t n, int64_t k, int64_t ldd) {
-    auto key = std::make_tuple(static_cast<int>(kind), m, n, k, ldd);
+  // a_blk: weight scales as the native 128x128 grid (BLK128x128_32F) instead of per-row VEC128.
+  Plan& plan(Kind kind, int64_t m, int64_t n, int64_t k, int64_t ldd, cudaDataType_t d_type = CUDA_R_32F,
+             bool a_blk = false) {
+    auto key = std::make_tuple(static_cast<int>(kind) + (a_blk ? 2 : 0), m, n, k, ldd, static_cast<int>(d_type));
     auto it = plans.find(key);
     if (it != plans.end()) return it->second;
     Plan& p = plans[key];
@@ -90,12 +109,13 @@ struct FastLinear::Impl {
     DSV4_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opn, sizeof(opn)));
     if (kind == kFp8) {
       const cublasLtMatmulMatrixScale_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
-      DSV4_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof(mode)));
+      const cublasLtMatmulMatrixScale_t amode = a_blk ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F : mode;
+      DSV4_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &amode, sizeof(amode)));
       DSV4_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof(mode)));
     }
     DSV4_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, in_t, k, m, k));
     DSV4_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, in_t, k, n, k));
-    DSV4_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.d, CUDA_R_32F, m, n, ldd));
+    DSV4_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.d, d_type, m, n, ldd));
     cublasLtMatmulPreference_t pref;
     DSV4_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     const size_t ws = kWorkspace;
@@ -108,11 +128,15 @@ struct FastLinear::Impl {
     cublasLtMatmulPreferenceDestroy(pref);
     p.ok = st == CUBLAS_STATUS_SUCCESS && found > 0;
     if (p.ok) p.algo = res.algo;
+    if (!p.ok && std::getenv("DSV4_LT_DEBUG"))
+      std::fprintf(stderr, "cuBLASLt heuristic: kind %d m=%lld n=%lld k=%lld d_type %d: status %d, %d algos\n",
+                   static_cast<int>(kind), static_cast<long long>(m), static_cast<long long>(n),
+                   static_cast<long long>(k), static_cast<int>(d_type), static_cast<int>(st), found);
     return p;
   }
 
   // Runs a plan; false (nothing enqueued) when cuBLASLt refuses, so the caller falls back.
-  bool matmul(Plan& p, const void* a, const void* b, float* d, const float* a_scale, const float* b_scale,
+  bool matmul(Plan& p, const void* a, const void* b, void* d, const float* a_scale, const float* b_scale,
               cudaStream_t s) {
     if (!p.ok) return false;
     if (a_scale) {
@@ -135,13 +159,24 @@ struct FastLinear::Impl {
                  static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k));
   }
 
-  const float* weight_scales(const WeightView& w, int64_t row_begin, int64_t n, cudaStream_t s) {
-    auto key = std::make_tuple(static_cast<const void*>(w.data), static_cast<const void*>(w.scale), row_begin, n);
+  // blk = false: per-row [kb][n] (row fastest); true: the 128x128 grid [ceil(n/128)][L4] with
+  // K blocks padded to a multiple of 4 (row_begin % 128 == 0).
+  const float* weight_scales(const WeightView& w, int64_t row_begin, int64_t n, cudaStream_t s, bool blk = false) {
+    auto key = std::make_tuple(static_cast<const void*>(w.data), static_cast<const void*>(w.scale),
+                               blk ? -1 - row_begin : row_begin, n);
     auto it = wscales.find(key);
     if (it != wscales.end()) return it->second.as<float>();
     const int64_t kb = (w.in + 127) / 128;
-    DeviceBuffer buf(static_cast<size_t>(n * kb) * sizeof(float));
-    expand_scales_kernel<<<blocks256(n * kb), 256, 0, s>>>(detail::dev_weight(w), row_begin, n, kb, buf.as<float>());
+    DeviceBuffer buf;
+    if (blk) {
+      const int64_t l4 = (kb + 3) / 4 * 4, nb = (n + 127) / 128;
+      buf = DeviceBuffer(static_cast<size_t>(nb * l4) * sizeof(float));
+      expand_blk_kernel<<<blocks256(nb * l4), 256, 0, s>>>(detail::dev_weight(w), row_begin / 128, nb, kb, l4,
+                                                          buf.as<float>());
+    } else {
+      buf = DeviceBuffer(static_cast<size_t>(n * kb) * sizeof(float));
+      expand_scales_kernel<<<blocks256(n * kb), 256, 0, s>>>(detail::dev_weight(w), row_begin, n, kb, buf.as<float>());
+    }
     DSV4_CUDA_LAUNCH_CHECK();
     return wscales.emplace(key, std::move(buf)).first->second.as<float>();
   }
@@ -165,9 +200,26 @@ struct FastLinear::Impl {
     act_quant_fp8(x, rows, k, ldx, rows_pad, xq.as<uint8_t>(), k, xs.as<float>(), s);
     const float* ws = weight_scales(w, row_begin, n, s);
     const uint8_t* a = w.data + row_begin * k;
-    return with_output(y, rows, rows_pad, n, ldy, s, [&](float* d, int64_t ldd) {
-      return matmul(plan(kFp8, n, rows_pad, k, ldd), a, xq.get(), d, ws, xs.as<float>(), s);
-    });
+    if (with_output(y, rows, rows_pad, n, ldy, s, [&](float* d, int64_t ldd) {
+          return matmul(plan(kFp8, n, rows_pad, k, ldd), a, xq.get(), d, ws, xs.as<float>(), s);
+        }))
+      return true;
+    // Then the weight's native 128x128 grid (row ranges on 128-row blocks only).
+    const float* wsb = row_begin % 128 == 0 ? weight_scales(w, row_begin, n, s, true) : nullptr;
+    if (wsb && with_output(y, rows, rows_pad, n, ldy, s, [&](float* d, int64_t ldd) {
+          return matmul(plan(kFp8, n, rows_pad, k, ldd, CUDA_R_32F, true), a, xq.get(), d, wsb, xs.as<float>(), s);
+        }))
+      return true;
+    // Block-scaled FP8 may only offer 16-bit outputs: bf16 D (fp32 accumulation inside), then
+    // widened into y. Costs one bf16 rounding of the result (~2e-3 relative).
+    grow(yb16, static_cast<size_t>(rows_pad * n) * 2);
+    bool ok = matmul(plan(kFp8, n, rows_pad, k, n, CUDA_R_16BF), a, xq.get(), yb16.get(), ws, xs.as<float>(), s);
+    if (!ok && wsb)
+      ok = matmul(plan(kFp8, n, rows_pad, k, n, CUDA_R_16BF, true), a, xq.get(), yb16.get(), wsb, xs.as<float>(), s);
+    if (!ok) return false;
+    bf16_to_f32_kernel<<<blocks256(rows * n), 256, 0, s>>>(yb16.as<__nv_bfloat16>(), rows, n, y, ldy);
+    DSV4_CUDA_LAUNCH_CHECK();
+    return true;
   }
 
   bool bf16_gemm(const WeightView& w, const float* x, int64_t rows, float* y, int64_t row_begin, int64_t n,

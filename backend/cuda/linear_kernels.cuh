@@ -90,6 +90,27 @@ __device__ __forceinline__ float w_elem(const DevWeight& w, int64_t o, int64_t k
   }
 }
 
+// Eight packed e2m1 (element 2i low nibble) -> v[0..8) = value * 2^-14, exactly: the nibble's
+// magnitude bits become fp16 exponent/mantissa bits (0x0200 = 2^-15 = 0.5 * 2^-14, ..., 0x0E00
+// = 6 * 2^-14), the sign bit the fp16 sign; callers fold 2^14 into the group scale. About 3
+// instructions per element instead of ~10 for a per-element branchy decode.
+__device__ __forceinline__ void e2m1x8_scaled(uint32_t q, float* v) {
+  const uint32_t lo = q & 0x0F0F0F0Fu, hi = (q >> 4) & 0x0F0F0F0Fu;  // even / odd elements
+  const uint32_t p[4] = {__byte_perm(lo, 0, 0x4140), __byte_perm(lo, 0, 0x4342), __byte_perm(hi, 0, 0x4140),
+                         __byte_perm(hi, 0, 0x4342)};  // (e0,e2) (e4,e6) (e1,e3) (e5,e7) in 16-bit lanes
+  float2 f[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t h = ((p[i] << 9) & 0x0E000E00u) | ((p[i] << 12) & 0x80008000u);
+    __half2_raw r;
+    r.x = static_cast<unsigned short>(h & 0xFFFF);
+    r.y = static_cast<unsigned short>(h >> 16);
+    f[i] = __half22float2(__half2(r));
+  }
+  v[0] = f[0].x; v[2] = f[0].y; v[4] = f[1].x; v[6] = f[1].y;
+  v[1] = f[2].x; v[3] = f[2].y; v[5] = f[3].x; v[7] = f[3].y;
+}
+
 __device__ __forceinline__ uint4 ld_stream(const uint8_t* p) {
   return __ldg(reinterpret_cast<const uint4*>(p));
 }
@@ -124,10 +145,8 @@ __device__ __forceinline__ float decode16(const DevWeight& w, int64_t o, int64_t
     return scale_at(w, o / 128, k0 / 128);
   } else {
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int n = 0; n < 8; ++n) v[8 * j + n] = e2m1_dev(u[j] >> (4 * n));
-    return scale_at(w, o, k0 / 32);
+    for (int j = 0; j < 4; ++j) e2m1x8_scaled(u[j], v + 8 * j);
+    return scale_at(w, o, k0 / 32) * 16384.f;
   }
 }
 
@@ -150,17 +169,18 @@ __device__ __forceinline__ void gemv_warp(const DevWeight& w, int64_t o, const f
     constexpr int N = FmtTraits<F>::kPerLoad;
     const uint8_t* row = w.data + o * row_bytes(F, w.in);
     const int64_t step = 32 * N;
-    for (int64_t k0 = lane * N; k0 < w.in; k0 += 2 * step) {
-      // Two loads in flight per lane before any math.
-      const bool second = k0 + step < w.in;
-      const uint4 raw0 = ld_stream(row + row_bytes(F, k0));
-      const uint4 raw1 = second ? ld_stream(row + row_bytes(F, k0 + step)) : make_uint4(0, 0, 0, 0);
+    constexpr int kDepth = 4;  // loads in flight per lane before any math (DRAM latency)
+    for (int64_t k0 = lane * N; k0 < w.in; k0 += kDepth * step) {
+      uint4 raw[kDepth];
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        if (half == 1 && !second) break;
-        const int64_t kk = k0 + half * step;
+      for (int u = 0; u < kDepth; ++u)
+        raw[u] = k0 + u * step < w.in ? ld_stream(row + row_bytes(F, k0 + u * step)) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+      for (int u = 0; u < kDepth; ++u) {
+        const int64_t kk = k0 + u * step;
+        if (kk >= w.in) break;
         float v[N];
-        const float s = decode16<F>(w, o, kk, half ? raw1 : raw0, v);
+        const float s = decode16<F>(w, o, kk, raw[u], v);
 #pragma unroll
         for (int r = 0; r < R; ++r) {
           if (r >= nrows) break;
@@ -189,6 +209,59 @@ __device__ __forceinline__ void gemv_warp(const DevWeight& w, int64_t o, const f
 #pragma unroll
   for (int r = 0; r < R; ++r)
     if (r < nrows) acc[r] = warp_sum(acc[r]);
+}
+
+// NR consecutive output rows o0 .. o0+n_o-1 (n_o <= NR) per warp sharing every activation load:
+// at decode, activations re-read from L1 once per weight row would cost as many bytes as the
+// weights (or more for FP4). For R <= 2 (registers: R*kPerLoad activations live per chunk).
+template <int F, int R, int NR>
+__device__ __forceinline__ void gemv_warp_rows(const DevWeight& w, int64_t o0, int n_o, const float* const* xs,
+                                               int nrows, float (&acc)[NR][R]) {
+  constexpr int N = FmtTraits<F>::kPerLoad;
+  const int lane = threadIdx.x & 31;
+  const int64_t rb = row_bytes(F, w.in);
+  const uint8_t* rowp[NR];
+#pragma unroll
+  for (int q = 0; q < NR; ++q) {
+    rowp[q] = w.data + (o0 + (q < n_o ? q : 0)) * rb;
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[q][r] = 0.f;
+  }
+  for (int64_t k0 = lane * N; k0 < w.in; k0 += 32 * N) {
+    uint4 raw[NR];
+#pragma unroll
+    for (int q = 0; q < NR; ++q) raw[q] = ld_stream(rowp[q] + row_bytes(F, k0));
+    float xv[R][N];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const float4* xp = reinterpret_cast<const float4*>(xs[r < nrows ? r : 0] + k0);
+#pragma unroll
+      for (int j = 0; j < N / 4; ++j) {
+        const float4 t = __ldg(xp + j);
+        xv[r][4 * j] = t.x;
+        xv[r][4 * j + 1] = t.y;
+        xv[r][4 * j + 2] = t.z;
+        xv[r][4 * j + 3] = t.w;
+      }
+    }
+#pragma unroll
+    for (int q = 0; q < NR; ++q) {
+      float v[N];
+      const float sc = decode16<F>(w, o0 + (q < n_o ? q : 0), k0, raw[q], v);
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        float p[4] = {0.f, 0.f, 0.f, 0.f};  // four chains: FMA latency, not issue, bounds one chain
+#pragma unroll
+        for (int j = 0; j < N; ++j) p[j % 4] += v[j] * xv[r][j];
+        acc[q][r] += sc * ((p[0] + p[1]) + (p[2] + p[3]));
+      }
+    }
+  }
+#pragma unroll
+  for (int q = 0; q < NR; ++q)
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+      if (q < n_o && r < nrows) acc[q][r] = warp_sum(acc[q][r]);
 }
 
 // Tiled SIMT core: Y[m, n0 + j] for m < M (≤ 64) rows and j < 64 outputs (o = row_begin + n0 + j

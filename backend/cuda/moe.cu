@@ -81,6 +81,44 @@ __device__ __forceinline__ void gateup_rows(const DevWeight& w1, const DevWeight
     if (r == lane && r < t.count) H[static_cast<int64_t>(t.start + r) * I + i] = swiglu(g[r], v[r], limit);
 }
 
+constexpr int rows_per_warp(bool vec) { return vec ? 4 : 1; }
+
+template <int F, int R, int NR>
+__device__ __forceinline__ void gateup_multi(const DevWeight& w1, const DevWeight& w3, int64_t i0, int n_o,
+                                             const Tile& t, const int32_t* slot_pair, int K, const float* x,
+                                             int64_t d, int64_t I, float limit, float* H) {
+  const float* xs[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) xs[r] = x + static_cast<int64_t>(slot_pair[t.start + (r < t.count ? r : 0)] / K) * d;
+  float g[NR][R], v[NR][R];
+  gemv_warp_rows<F, R, NR>(w1, i0, n_o, xs, t.count, g);
+  gemv_warp_rows<F, R, NR>(w3, i0, n_o, xs, t.count, v);
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int q = 0; q < NR; ++q)
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+      if (q * R + r == lane && q < n_o && r < t.count)
+        H[static_cast<int64_t>(t.start + r) * I + i0 + q] = swiglu(g[q][r], v[q][r], limit);
+}
+
+template <int F, int R, int NR>
+__device__ __forceinline__ void down_multi(const DevWeight& w2, int64_t o0, int n_o, const Tile& t,
+                                           const int32_t* slot_pair, const float* H, int64_t d, int64_t I, float* Y) {
+  const float* xs[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) xs[r] = H + static_cast<int64_t>(t.start + (r < t.count ? r : 0)) * I;
+  float acc[NR][R];
+  gemv_warp_rows<F, R, NR>(w2, o0, n_o, xs, t.count, acc);
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int q = 0; q < NR; ++q)
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+      if (q * R + r == lane && q < n_o && r < t.count)
+        Y[static_cast<int64_t>(slot_pair[t.start + r]) * d + o0 + q] = acc[q][r];
+}
+
 // Table per expert: [w1, w2, w3].
 template <int F, bool VEC>
 __global__ void __launch_bounds__(kWarps * 32) gateup_gemv(const DevWeight* __restrict__ tab, const Tile* __restrict__ tiles,
@@ -89,13 +127,22 @@ __global__ void __launch_bounds__(kWarps * 32) gateup_gemv(const DevWeight* __re
                                                            float* __restrict__ H) {
   if (static_cast<int>(blockIdx.y) >= *n_tiles) return;
   const Tile t = tiles[blockIdx.y];
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
-  if (i >= I) return;
+  constexpr int RPW = rows_per_warp(VEC);
+  const int64_t i0 = (static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32) * RPW;
+  if (i0 >= I) return;
+  const int n_o = static_cast<int>(I - i0 < RPW ? I - i0 : RPW);
   const DevWeight w1 = tab[3 * t.expert], w3 = tab[3 * t.expert + 2];
-  // Smallest compiled row count covering this tile (decode: 1 token per expert).
-  if (t.count <= 1) return gateup_rows<F, 1, VEC>(w1, w3, i, t, slot_pair, K, x, d, I, limit, H);
-  if (t.count <= 4) return gateup_rows<F, 4, VEC>(w1, w3, i, t, slot_pair, K, x, d, I, limit, H);
-  return gateup_rows<F, kGemvTile, VEC>(w1, w3, i, t, slot_pair, K, x, d, I, limit, H);
+  if constexpr (VEC) {
+    // Decode (1-2 tokens on this expert): the warp's rows share each activation load.
+    if (t.count <= 1) return gateup_multi<F, 1, RPW>(w1, w3, i0, n_o, t, slot_pair, K, x, d, I, limit, H);
+    if (t.count <= 2) return gateup_multi<F, 2, RPW>(w1, w3, i0, n_o, t, slot_pair, K, x, d, I, limit, H);
+  }
+  // Smallest compiled row count covering this tile.
+  for (int q = 0; q < n_o; ++q) {
+    if (t.count <= 1) gateup_rows<F, 1, VEC>(w1, w3, i0 + q, t, slot_pair, K, x, d, I, limit, H);
+    else if (t.count <= 4) gateup_rows<F, 4, VEC>(w1, w3, i0 + q, t, slot_pair, K, x, d, I, limit, H);
+    else gateup_rows<F, kGemvTile, VEC>(w1, w3, i0 + q, t, slot_pair, K, x, d, I, limit, H);
+  }
 }
 
 template <int F, int R, bool VEC>
@@ -118,12 +165,20 @@ __global__ void __launch_bounds__(kWarps * 32) down_gemv(const DevWeight* __rest
                                                          const float* __restrict__ H, int64_t d, int64_t I, float* __restrict__ Y) {
   if (static_cast<int>(blockIdx.y) >= *n_tiles) return;
   const Tile t = tiles[blockIdx.y];
-  const int64_t o = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
-  if (o >= d) return;
+  constexpr int RPW = rows_per_warp(VEC);
+  const int64_t o0 = (static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32) * RPW;
+  if (o0 >= d) return;
+  const int n_o = static_cast<int>(d - o0 < RPW ? d - o0 : RPW);
   const DevWeight w2 = tab[3 * t.expert + 1];
-  if (t.count <= 1) return down_rows<F, 1, VEC>(w2, o, t, slot_pair, H, d, I, Y);
-  if (t.count <= 4) return down_rows<F, 4, VEC>(w2, o, t, slot_pair, H, d, I, Y);
-  return down_rows<F, kGemvTile, VEC>(w2, o, t, slot_pair, H, d, I, Y);
+  if constexpr (VEC) {
+    if (t.count <= 1) return down_multi<F, 1, RPW>(w2, o0, n_o, t, slot_pair, H, d, I, Y);
+    if (t.count <= 2) return down_multi<F, 2, RPW>(w2, o0, n_o, t, slot_pair, H, d, I, Y);
+  }
+  for (int q = 0; q < n_o; ++q) {
+    if (t.count <= 1) down_rows<F, 1, VEC>(w2, o0 + q, t, slot_pair, H, d, I, Y);
+    else if (t.count <= 4) down_rows<F, 4, VEC>(w2, o0 + q, t, slot_pair, H, d, I, Y);
+    else down_rows<F, kGemvTile, VEC>(w2, o0 + q, t, slot_pair, H, d, I, Y);
+  }
 }
 
 // ---- many tokens per expert: SIMT tiles -------------------------------------------------------
@@ -247,11 +302,12 @@ template <int F, bool VEC>
 void launch_gemv(const DevWeight* tab, const Tile* tiles, const int32_t* nt, const int32_t* sp, int K, const float* x,
                  int64_t d, int64_t I, float limit, float* H, const float* Hin, float* Y, unsigned max_tiles,
                  bool gate, cudaStream_t s) {
+  constexpr int per_block = kWarps * rows_per_warp(VEC);
   if (gate) {
-    const dim3 grid(static_cast<unsigned>((I + kWarps - 1) / kWarps), max_tiles);
+    const dim3 grid(static_cast<unsigned>((I + per_block - 1) / per_block), max_tiles);
     gateup_gemv<F, VEC><<<grid, kWarps * 32, 0, s>>>(tab, tiles, nt, sp, K, x, d, I, limit, H);
   } else {
-    const dim3 grid(static_cast<unsigned>((d + kWarps - 1) / kWarps), max_tiles);
+    const dim3 grid(static_cast<unsigned>((d + per_block - 1) / per_block), max_tiles);
     down_gemv<F, VEC><<<grid, kWarps * 32, 0, s>>>(tab, tiles, nt, sp, Hin, d, I, Y);
   }
   DSV4_CUDA_LAUNCH_CHECK();

@@ -81,6 +81,12 @@ std::vector<Case> cases() {
       cs.push_back({k, 200, 160, 7, 133, rows, 3, 1});      // unaligned x stride
       if (k != Kind::FP4) cs.push_back({k, 130, 200, 0, 130, rows, 0, 0});  // in % 128 != 0, % 16 != 0
     }
+  // Tall matrices at decode: four output rows per warp, with a partial last warp.
+  for (Kind k : kinds)
+    for (int64_t rows : {1, 2}) {
+      cs.push_back({k, 8500, 256, 0, 8500, rows, 0, 0});
+      cs.push_back({k, 8800, 256, 96, 8797, rows, 0, 1});
+    }
   return cs;
 }
 
