@@ -162,7 +162,7 @@ std::string parse_tools(const Fields& f, ojson& messages, ThinkingMode mode, Gen
   if (tools) {
     if (!tools->is_array()) bad_request("'tools' must be an array", "tools");
     for (const auto& t : *tools) {
-      if (!t.is_object() || t.value("type", "function") != "function")
+      if (!t.is_object() || (t.contains("type") && t["type"] != "function"))
         bad_request("only tools of type \"function\" are supported", "tools");
       if (!t.contains("function") || !t["function"].is_object() || !t["function"].contains("name") ||
           !t["function"]["name"].is_string() || t["function"]["name"].get<std::string>().empty())
@@ -184,7 +184,7 @@ std::string parse_tools(const Fields& f, ojson& messages, ThinkingMode mode, Gen
       choice = tc->get<std::string>();
       if (choice != "auto" && choice != "none" && choice != "required")
         bad_request("'tool_choice' must be \"none\", \"auto\", \"required\" or a named function", "tool_choice");
-    } else if (tc->is_object() && tc->value("type", "") == "function" && tc->contains("function") &&
+    } else if (tc->is_object() && tc->contains("type") && (*tc)["type"] == "function" && tc->contains("function") &&
                (*tc)["function"].is_object() && (*tc)["function"].contains("name") &&
                (*tc)["function"]["name"].is_string()) {
       choice = "named";

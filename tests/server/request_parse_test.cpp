@@ -83,6 +83,8 @@ TEST(server_request, RejectsWrongTypesAndRangesNamingTheField) {
       {{{"thinking", {{"type", "sometimes"}}}}, "thinking"},
       {{{"chat_template_kwargs", {{"thinking", "yes"}}}}, "chat_template_kwargs.thinking"},
       {{{"tools", ojson::array({{{"type", "retrieval"}}})}}, "tools"},
+      {{{"tools", ojson::array({{{"type", 5}}})}}, "tools"},
+      {{{"tool_choice", {{"type", 5}}}}, "tool_choice"},
       {{{"tool_choice", "always"}}, "tool_choice"},
       {{{"response_format", {{"type", "xml"}}}}, "response_format"},
   };
