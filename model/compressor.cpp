@@ -61,7 +61,7 @@ void compressor_segment(const CompressorWeights& w, const CompressorSpec& spec, 
     entries.insert(entries.end(), C.begin(), C.end());
   }
   // Keep what the next entries need: the open window, plus the previous one for the overlap.
-  const int64_t keep = std::max<int64_t>(0, (spec.overlap ? next_w - 1 : next_w) * m);
+  const int64_t keep = std::min(st.pin, std::max<int64_t>(0, (spec.overlap ? next_w - 1 : next_w) * m));
   if (keep > st.start) {
     const int64_t drop = (keep - st.start) * width;
     st.a.erase(st.a.begin(), st.a.begin() + drop);

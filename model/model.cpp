@@ -18,7 +18,7 @@ Model::Model(ModelWeights weights)
       rope_swa_(make_rope_freqs(w_.config, false)),
       rope_compressed_(make_rope_freqs(w_.config, true)) {}
 
-std::vector<float> Model::forward(std::span<const SequenceChunk> chunks, bool all_logits) {
+std::vector<float> Model::forward(std::span<const SequenceChunk> chunks, bool all_logits, std::vector<float>* hidden) {
   const ModelConfig& cfg = w_.config;
   const int64_t d = cfg.hidden_size, n = cfg.hc_mult, V = cfg.vocab_size;
   const float eps = static_cast<float>(cfg.rms_norm_eps);
@@ -62,11 +62,13 @@ std::vector<float> Model::forward(std::span<const SequenceChunk> chunks, bool al
     hc_post(mix, F.data(), X.data(), R, n, d);
   }
   for (const auto& s : b.segs) s.state->pos += s.n;
+  if (hidden) *hidden = X;
 
   // Head on every row, or on each chunk's last row.
   std::vector<int64_t> out_rows;
-  for (const auto& s : b.segs) {
-    if (all_logits) {
+  for (size_t ci = 0; ci < b.segs.size(); ++ci) {
+    const auto& s = b.segs[ci];
+    if (all_logits || chunks[ci].every_row) {
       for (int64_t i = 0; i < s.n; ++i) out_rows.push_back(s.row0 + i);
     } else {
       out_rows.push_back(s.row0 + s.n - 1);

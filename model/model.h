@@ -14,6 +14,7 @@ namespace dsv4 {
 struct SequenceChunk {
   SequenceState* state;
   std::span<const int32_t> tokens;  // continue from state->pos
+  bool every_row = false;           // logits of every token of this chunk even when !all_logits
 };
 
 class Model {
@@ -25,7 +26,10 @@ class Model {
 
   // Runs each chunk (distinct sequences), advancing their states. Returns logits [rows, vocab]:
   // every token's row when all_logits, else one row (the last token) per chunk.
-  std::vector<float> forward(std::span<const SequenceChunk> chunks, bool all_logits);
+  // hidden (optional) receives every row's streams after the last block, before hc_head
+  // ([rows, hc_mult · hidden], chunk order): the MTP module's input.
+  std::vector<float> forward(std::span<const SequenceChunk> chunks, bool all_logits,
+                             std::vector<float>* hidden = nullptr);
 
  private:
   ModelWeights w_;

@@ -3,6 +3,7 @@
 // windows that are still open (or, for CSA, needed as the overlap of the next entry).
 #pragma once
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "io/config.h"
@@ -13,6 +14,9 @@ namespace dsv4 {
 struct CompressorState {
   int64_t start = 0;
   std::vector<float> a, z;  // rows × width
+  // Rows at positions >= pin are kept after their window closes (speculative verification
+  // may roll back into that window; see state_undo.h).
+  int64_t pin = std::numeric_limits<int64_t>::max();
 };
 
 struct LayerState {
