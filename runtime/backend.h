@@ -34,6 +34,8 @@ struct BackendChunk {
   BackendSequence* seq;
   std::span<const int32_t> tokens;  // continues from seq->pos()
   bool want_logits;                 // return the logits of this chunk's last token
+  // Speculative verification: logits of every token, and accept() must end the round.
+  bool verify = false;
 };
 
 class ModelBackend {
@@ -46,8 +48,16 @@ class ModelBackend {
   // A fresh sequence able to hold `capacity` tokens (ignored by backends that grow).
   virtual std::unique_ptr<BackendSequence> new_sequence(int64_t capacity) = 0;
   // Runs every chunk (distinct sequences) in one call, advancing their states. Returns
-  // [k, vocab] logits: one row per chunk with want_logits, in chunk order.
+  // [k, vocab] logits in chunk order: one row per chunk with want_logits, every row of a verify chunk.
   virtual std::vector<float> forward(std::span<const BackendChunk> chunks) = 0;
+
+  // MTP speculative decoding (model/speculative.h). A round per sequence: draft() k times
+  // (tokens[i]: the token about to be fed to seqs[i] on the first call, the previous draft
+  // after; returns [seqs, vocab] draft logits), a verify forward of those k+1 tokens, then
+  // accept(seq, new_pos) keeping the first new_pos tokens and rolling back the rest.
+  virtual bool has_mtp() const { return false; }
+  virtual std::vector<float> draft(std::span<BackendSequence* const> seqs, std::span<const int32_t> tokens);
+  virtual void accept(BackendSequence& seq, int64_t new_pos);
   virtual std::unique_ptr<BackendSnapshot> snapshot(const BackendSequence& seq) = 0;
   virtual std::unique_ptr<BackendSequence> restore(const BackendSnapshot& snap, int64_t capacity) = 0;
 };

@@ -45,6 +45,10 @@ Engine::Engine(ModelBackend& backend, EngineOptions opt)
              format_bytes(static_cast<double>(budget_.bytes_for(max_len_))), " of state, more than the kv budget of ",
              format_bytes(static_cast<double>(budget_.budget())), " (holds ", fits,
              " tokens): raise --kv-memory or lower max_model_len");
+  DSV4_CHECK(opt.speculative_tokens >= 0 && opt.speculative_tokens <= 16,
+             "engine: speculative_tokens must be in [0, 16], got ", opt.speculative_tokens);
+  DSV4_CHECK(opt.speculative_tokens == 0 || backend.has_mtp(),
+             "engine: speculative decoding needs a backend with the MTP module (checkpoint with mtp.* tensors)");
   publish_stats();
 }
 
@@ -126,7 +130,10 @@ void Engine::finish(EngineRequest& r, TokenEvent ev, FinishReason why) {
 void Engine::on_token(EngineRequest& r, std::span<const float> logits) {
   if (r.req.on_logits) r.req.on_logits(logits);
   const uint64_t step = static_cast<uint64_t>(r.generated());
-  SampleResult s = sample_next(logits, r.req.sampling, r.history, r.seed, step);
+  emit_token(r, sample_next(logits, r.req.sampling, r.history, r.seed, step));
+}
+
+bool Engine::emit_token(EngineRequest& r, SampleResult s) {
   r.tokens.push_back(s.token);
   r.history.add_generated(s.token);
 
@@ -148,7 +155,8 @@ void Engine::on_token(EngineRequest& r, std::span<const float> logits) {
   if (stop_token) {  // its own text is not part of the output
     ev.text = tail();
     ev.stop_token = s.token;
-    return finish(r, std::move(ev), FinishReason::Stop);
+    finish(r, std::move(ev), FinishReason::Stop);
+    return false;
   }
   if (detok.push) {
     std::string delta = detok.push(s.token);
@@ -159,15 +167,18 @@ void Engine::on_token(EngineRequest& r, std::span<const float> logits) {
       ev.text = std::move(m.emit);
       if (m.stopped >= 0) {
         ev.stop_string = sc.stop_strings[m.stopped];
-        return finish(r, std::move(ev), FinishReason::Stop);
+        finish(r, std::move(ev), FinishReason::Stop);
+        return false;
       }
     }
   }
   if (r.generated() >= r.max_tokens) {
     ev.text += tail();
-    return finish(r, std::move(ev), FinishReason::Length);
+    finish(r, std::move(ev), FinishReason::Length);
+    return false;
   }
   emit(r, ev);
+  return true;
 }
 
 bool Engine::step() {
@@ -177,9 +188,20 @@ bool Engine::step() {
     publish_stats();
     return false;
   }
+  std::vector<std::vector<int32_t>> verify(plan.size());
+  std::vector<std::vector<std::vector<double>>> q(plan.size());
+  if (opt_.speculative_tokens > 0) draft_round(plan, verify, q);
   std::vector<BackendChunk> chunks;
-  for (const auto& c : plan)
-    chunks.push_back({c.r->seq.get(), std::span<const int32_t>(c.r->tokens).subspan(c.r->computed(), c.n), c.want_logits});
+  std::vector<int64_t> pos0;
+  for (size_t i = 0; i < plan.size(); ++i) {
+    const ScheduledChunk& c = plan[i];
+    pos0.push_back(c.r->computed());
+    if (!verify[i].empty()) {
+      chunks.push_back({c.r->seq.get(), verify[i], true, true});
+    } else {
+      chunks.push_back({c.r->seq.get(), std::span<const int32_t>(c.r->tokens).subspan(c.r->computed(), c.n), c.want_logits});
+    }
+  }
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<float> logits;
   try {
@@ -197,15 +219,33 @@ bool Engine::step() {
   int64_t prompt_rows = 0, sampled = 0;
   const size_t V = static_cast<size_t>(backend_->config().vocab_size);
   size_t k = 0;
-  for (const auto& c : plan) {
+  int64_t drafted = 0, accepted = 0;
+  for (size_t i = 0; i < plan.size(); ++i) {
+    const ScheduledChunk& c = plan[i];
     EngineRequest& r = *c.r;
+    std::vector<int32_t> out;
+    const float* rows = logits.data() + k * V;
+    if (!verify[i].empty()) {  // decide, roll the rejected tokens back, then emit
+      out = accept_round(r, verify[i], q[i], rows);
+      backend_->accept(*r.seq, pos0[i] + static_cast<int64_t>(out.size()));
+      drafted += static_cast<int64_t>(verify[i].size()) - 1;
+      accepted += static_cast<int64_t>(out.size()) - 1;
+      k += verify[i].size();
+    }
     const int64_t pos = r.computed();
-    prompt_rows += std::max<int64_t>(0, std::min(pos, r.prompt_len) - (pos - c.n));
+    prompt_rows += std::max<int64_t>(0, std::min(pos, r.prompt_len) - pos0[i]);
     if (cache_ && pos % cache_->block() == 0 && pos <= r.prompt_len) {
       std::span<const int32_t> prefix(r.tokens.data(), static_cast<size_t>(pos));
       if (!cache_->contains(prefix)) cache_->insert(prefix, backend_->snapshot(*r.seq));
     }
-    if (c.want_logits) {
+    if (!verify[i].empty()) {
+      for (size_t j = 0; j < out.size(); ++j) {
+        std::span<const float> row(rows + j * V, V);
+        if (r.req.on_logits) r.req.on_logits(row);
+        ++sampled;
+        if (!emit_token(r, describe_token(row, r.req.sampling, r.history, out[j]))) break;
+      }
+    } else if (c.want_logits) {
       ++sampled;
       on_token(r, std::span<const float>(logits.data() + k++ * V, V));
     }
@@ -216,6 +256,8 @@ bool Engine::step() {
     stats_.prompt_tokens += prompt_rows;
     stats_.generated_tokens += sampled;
     stats_.forward_seconds += secs;
+    stats_.spec_draft_tokens += drafted;
+    stats_.spec_accepted_tokens += accepted;
   }
   publish_stats();
   return true;

@@ -32,6 +32,7 @@
 #include "runtime/kv_budget.h"
 #include "runtime/prefix_cache.h"
 #include "runtime/request.h"
+#include "runtime/sampler.h"
 #include "runtime/scheduler.h"
 
 namespace dsv4 {
@@ -48,6 +49,10 @@ struct EngineOptions {
   // Context limit (prompt + generated). 0 = config max_position_embeddings, lowered to what
   // one sequence can reach in the budget; an explicit value that does not fit is an Error.
   int64_t max_model_len = 0;
+  // MTP speculative decoding: draft this many tokens per decode step and verify them in the
+  // same batched forward (0 = off; needs backend.has_mtp()). Outputs keep the target's
+  // distribution (greedy: identical tokens).
+  int64_t speculative_tokens = 0;
 };
 
 struct EngineStats {
@@ -56,6 +61,8 @@ struct EngineStats {
   int64_t prefix_cache_entries = 0, prefix_hit_tokens = 0, preemptions = 0;
   int64_t steps = 0, prompt_tokens = 0, generated_tokens = 0, finished = 0;
   double forward_seconds = 0;
+  // Speculative decoding: drafts proposed and accepted (acceptance rate = accepted / drafted).
+  int64_t spec_draft_tokens = 0, spec_accepted_tokens = 0;
 };
 
 class Engine {
@@ -88,6 +95,14 @@ class Engine {
   void take_inbox();
   void finish(EngineRequest& r, TokenEvent ev, FinishReason why);
   void on_token(EngineRequest& r, std::span<const float> logits);
+  // Emits a chosen token (stop checks, events). False when it finished r (r is gone then).
+  bool emit_token(EngineRequest& r, SampleResult s);
+  // Drafts tokens for the decode chunks of plan that have room; verify[i] = token + drafts.
+  void draft_round(const std::vector<ScheduledChunk>& plan, std::vector<std::vector<int32_t>>& verify,
+                   std::vector<std::vector<std::vector<double>>>& q);
+  // The tokens a verify chunk emits by the acceptance rule (rows: its logits).
+  std::vector<int32_t> accept_round(EngineRequest& r, const std::vector<int32_t>& verify,
+                                    const std::vector<std::vector<double>>& q, const float* rows);
   void publish_stats();
 
   ModelBackend* backend_;

@@ -110,6 +110,11 @@ std::vector<float> log_softmax(std::span<const float> l) {
   return out;
 }
 
+namespace {
+void fill_logprobs(SampleResult& r, std::span<const float> raw, std::span<const float> z, const std::vector<double>& pr,
+                   const SamplingParams& p);
+}  // namespace
+
 SampleResult sample_next(std::span<const float> raw, const SamplingParams& p, const TokenHistory& h, uint64_t seed,
                          uint64_t step) {
   const size_t V = raw.size();
@@ -131,6 +136,28 @@ SampleResult sample_next(std::span<const float> raw, const SamplingParams& p, co
     }
   }
   if (!p.logprobs && p.top_logprobs == 0) return r;
+  fill_logprobs(r, raw, z, pr, p);
+  return r;
+}
+
+SampleResult describe_token(std::span<const float> raw, const SamplingParams& p, const TokenHistory& h,
+                            int32_t token) {
+  SampleResult r;
+  r.token = token;
+  if (!p.logprobs && p.top_logprobs == 0) return r;
+  std::vector<float> z(raw.begin(), raw.end());
+  apply_penalties(z, p, h);
+  std::vector<double> pr;
+  if (p.temperature > 0.0f) pr = sampling_distribution(z, p);
+  fill_logprobs(r, raw, z, pr, p);
+  return r;
+}
+
+namespace {
+
+void fill_logprobs(SampleResult& r, std::span<const float> raw, std::span<const float> z, const std::vector<double>& pr,
+                   const SamplingParams& p) {
+  const size_t V = raw.size();
   std::vector<float> lp;
   if (p.logprobs_mode == LogprobsMode::Raw) {
     lp = log_softmax(raw);
@@ -150,7 +177,8 @@ SampleResult sample_next(std::span<const float> raw, const SamplingParams& p, co
                       [&](int32_t a, int32_t b) { return lp[a] != lp[b] ? lp[a] > lp[b] : a < b; });
     for (size_t i = 0; i < k; ++i) r.top_logprobs.push_back({idx[i], lp[idx[i]]});
   }
-  return r;
 }
+
+}  // namespace
 
 }  // namespace dsv4

@@ -82,6 +82,10 @@ struct SampleResult {
 SampleResult sample_next(std::span<const float> raw_logits, const SamplingParams& p, const TokenHistory& h,
                          uint64_t seed, uint64_t step);
 
+// The result sample_next would report for `token` chosen elsewhere (speculative decoding).
+SampleResult describe_token(std::span<const float> raw_logits, const SamplingParams& p, const TokenHistory& h,
+                            int32_t token);
+
 // log-softmax of a logit row (−inf entries stay −inf).
 std::vector<float> log_softmax(std::span<const float> logits);
 

@@ -57,6 +57,7 @@ std::vector<int32_t> generate(const FeedFn& feed, int64_t vocab, int32_t eos, co
 }
 
 std::vector<int32_t> generate(Model& model, const GenerateOptions& opt) {
+  if (opt.speculative_tokens > 0) return generate_speculative(model, opt);
   SequenceState st = model.new_sequence();
   auto feed = [&](std::span<const int32_t> toks) {
     SequenceChunk c{&st, toks};

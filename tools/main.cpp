@@ -78,6 +78,8 @@ int main(int argc, char** argv) {
   gen->add_option("--top-k", gopt.top_k)->capture_default_str();
   gen->add_option("--seed", gopt.seed)->capture_default_str();
   gen->add_option("--prefill-chunk", gopt.prefill_chunk, "prefill in chunks of this many tokens")->capture_default_str();
+  gen->add_option("--speculative-tokens", gopt.speculative_tokens, "MTP draft tokens per step (0 = off)")
+      ->capture_default_str();
   std::string gen_precision = "exact";
   int64_t gen_capacity = 4096;
   gen->add_option("--device", gen_device, "cpu or cuda")->capture_default_str();
@@ -132,9 +134,15 @@ int main(int argc, char** argv) {
       std::vector<int32_t> out;
       if (gen_device == "cpu") {
         Model model(load_weights(gen_model));
-        out = generate(model, gopt);
+        SpecStats ss;
+        out = gopt.speculative_tokens > 0 ? generate_speculative(model, gopt, &ss) : generate(model, gopt);
+        if (ss.rounds > 0)
+          std::fprintf(stderr, "speculative: %lld rounds, %lld/%lld drafts accepted (%.1f%%)\n",
+                       static_cast<long long>(ss.rounds), static_cast<long long>(ss.accepted),
+                       static_cast<long long>(ss.drafted), 100.0 * ss.acceptance());
       } else if (gen_device == "cuda") {
 #ifdef DSV4_HAVE_CUDA
+        DSV4_CHECK(gopt.speculative_tokens == 0, "--speculative-tokens: not on the CUDA backend yet");
         DSV4_CHECK(gen_precision == "exact" || gen_precision == "fast", "--precision ", gen_precision,
                    ": unsupported (exact or fast)");
         ModelWeights w = load_weights(gen_model);
