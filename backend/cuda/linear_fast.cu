@@ -121,6 +121,15 @@ struct FastLinear::Impl {
     const size_t ws = kWorkspace;
     DSV4_CUBLAS_CHECK(
         cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+    if (kind == kFp8) {
+      // Block-scaled FP8 is only offered when the scale pointers are set; placeholders here,
+      // the real per-call pointers are set in matmul().
+      const void* placeholder = workspace.get();
+      DSV4_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &placeholder,
+                                                       sizeof(placeholder)));
+      DSV4_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &placeholder,
+                                                       sizeof(placeholder)));
+    }
     cublasLtMatmulHeuristicResult_t res{};
     int found = 0;
     const cublasStatus_t st =
@@ -129,8 +138,8 @@ struct FastLinear::Impl {
     p.ok = st == CUBLAS_STATUS_SUCCESS && found > 0;
     if (p.ok) p.algo = res.algo;
     if (!p.ok && std::getenv("DSV4_LT_DEBUG"))
-      std::fprintf(stderr, "cuBLASLt heuristic: kind %d m=%lld n=%lld k=%lld d_type %d: status %d, %d algos\n",
-                   static_cast<int>(kind), static_cast<long long>(m), static_cast<long long>(n),
+      std::fprintf(stderr, "cuBLASLt %zu heuristic: kind %d m=%lld n=%lld k=%lld d_type %d: status %d, %d algos\n",
+                   cublasLtGetVersion(), static_cast<int>(kind), static_cast<long long>(m), static_cast<long long>(n),
                    static_cast<long long>(k), static_cast<int>(d_type), static_cast<int>(st), found);
     return p;
   }
