@@ -8,7 +8,9 @@ For each case folder in --in (an official-format quantised checkpoint written by
   2. loads it with transformers' DeepseekV4ForCausalLM in fp32 (TF32 off) and checks that no
      key is missing or unexpected,
   3. writes <case>.golden.safetensors: input_ids, full-sequence logits, and logits of
-     prefill(P) followed by single-token decode steps through the HF cache.
+     prefill(P) followed by single-token decode steps through the HF cache; for cases whose
+     checkpoint has mtp.0.*, mtp_logits [L-1, V] from the fp32 reference in mtp_reference.py
+     fed with HF's last-layer streams.
 Independent of the C++ code on purpose: a second reading of the checkpoint format.
 """
 import argparse
@@ -18,6 +20,8 @@ import shutil
 import sys
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from safetensors import safe_open
 from safetensors.torch import save_file
 
@@ -44,16 +48,21 @@ def dequant_fp4(w, s):
     return vals * e8m0(s).repeat_interleave(32, 1)
 
 
-def load_dequantised(folder):
+def read_raw(folder):
     files = [f for f in sorted(os.listdir(folder)) if f.endswith(".safetensors")]
     raw = {}
     for f in files:
         with safe_open(os.path.join(folder, f), framework="pt") as fh:
             for k in fh.keys():
                 raw[k] = fh.get_tensor(k)
+    return raw
+
+
+def dequant_tensors(raw, keep):
+    """Every non-scale tensor whose name passes keep(), quantised ones dequantised to bf16."""
     out = {}
     for k, t in raw.items():
-        if k.endswith(".scale") or k.startswith("mtp."):
+        if k.endswith(".scale") or not keep(k):
             continue
         if k.endswith(".weight") and (k[:-7] + ".scale") in raw:
             s = raw[k[:-7] + ".scale"]
@@ -69,6 +78,16 @@ def load_dequantised(folder):
         else:
             out[k] = t
     return out
+
+
+def load_dequantised(folder):
+    return dequant_tensors(read_raw(folder), lambda k: not k.startswith("mtp."))
+
+
+def load_mtp(folder):
+    """mtp.0.* of the case checkpoint (prefix stripped, fp32), or None when it has none."""
+    w = dequant_tensors(read_raw(folder), lambda k: k.startswith("mtp.0."))
+    return {k[len("mtp.0."):]: v.float() for k, v in w.items()} if w else None
 
 
 def run_case(case_dir, name, out_dir, device):
@@ -91,6 +110,11 @@ def run_case(case_dir, name, out_dir, device):
           "mlp", getattr(model.config, "mlp_layer_types", None),
           "rope", getattr(model.config, "rope_parameters", None), flush=True)
     model = model.to(device).eval()
+    # The last decoder layer's output = the streams before hc_head (the MTP module's input).
+    captured = {}
+    def keep_streams(_mod, _inp, output):
+        captured["X"] = (output[0] if isinstance(output, tuple) else output).detach()
+    model.model.layers[-1].register_forward_hook(keep_streams)
 
     g = torch.Generator().manual_seed(int(meta["seed"]))
     L, P = int(meta["seq_len"]), int(meta["decode_prefill"])
@@ -98,6 +122,7 @@ def run_case(case_dir, name, out_dir, device):
     x = ids[None].to(device)
     with torch.no_grad():
         full = model(x, use_cache=False).logits[0].float().cpu()
+        streams = captured["X"].float().cpu()
         out = model(x[:, :P], use_cache=True)
         cache = out.past_key_values
         steps = [out.logits[0, -1].float().cpu()]
@@ -108,10 +133,22 @@ def run_case(case_dir, name, out_dir, device):
     dec = torch.stack(steps)
     diff = (dec - full[P - 1:]).abs().max().item()
     print(f"{name}: L={L} P={P} HF decode-vs-full max|d|={diff:.3g} logit std={full.std().item():.3f}", flush=True)
-    save_file({"input_ids": ids.to(torch.int64).contiguous(), "logits": full.contiguous(),
+    tensors = {"input_ids": ids.to(torch.int64).contiguous(), "logits": full.contiguous(),
                "decode_logits": dec.contiguous(),
-               "decode_prefill": torch.tensor([P], dtype=torch.int64)},
-              os.path.join(out_dir, f"{name}.golden.safetensors"))
+               "decode_prefill": torch.tensor([P], dtype=torch.int64)}
+    mtp = load_mtp(case_dir) if cfg.get("num_nextn_predict_layers", 0) >= 1 else None
+    if mtp is not None:
+        from mtp_reference import mtp_logits
+        n, d = cfg["hc_mult"], cfg["hidden_size"]
+        assert streams.numel() == L * n * d, f"{name}: last layer output {tuple(streams.shape)} is not [L, n, d]"
+        twin_w = load_dequantised(case_dir)
+        embed, head = twin_w["embed.weight"].float(), twin_w["head.weight"].float()
+        with torch.no_grad():
+            # Position t (0..L-2) with token t+1: logits for token t+2.
+            ml = mtp_logits(streams.view(L, n, d)[:L - 1], ids[1:], mtp, embed, head, cfg)
+        tensors["mtp_logits"] = ml.float().contiguous()
+        print(f"{name}: mtp logits {tuple(ml.shape)} std={ml.std().item():.3f}", flush=True)
+    save_file(tensors, os.path.join(out_dir, f"{name}.golden.safetensors"))
 
 
 def main():
