@@ -45,7 +45,7 @@ bool contains(const std::string& s, const std::string& part) { return s.find(par
 
 // Master fp32 values of one tensor: scales chosen so activations stay O(1) through the block and
 // every tensor the HF initialiser leaves at zero/one gets non-trivial values.
-std::vector<float> master_values(const std::string& name, int64_t rows, int64_t cols, Rng& rng) {
+std::vector<float> master_values(const std::string& name, int64_t rows, int64_t cols, Rng& rng, float output_scale) {
   const int64_t n = rows * cols;
   std::vector<float> v(static_cast<size_t>(n));
   auto fill_normal = [&](float mean, float std) {
@@ -68,7 +68,8 @@ std::vector<float> master_values(const std::string& name, int64_t rows, int64_t 
   } else if (name == "embed.weight") {
     fill_normal(0.0f, 1.0f);
   } else {
-    fill_normal(0.0f, 1.0f / std::sqrt(static_cast<float>(cols)));
+    const bool output_proj = ends_with(name, "wo_b.weight") || ends_with(name, ".w2.weight");
+    fill_normal(0.0f, (output_proj ? output_scale : 1.0f) / std::sqrt(static_cast<float>(cols)));
   }
   return v;
 }
@@ -189,7 +190,7 @@ void write_random_checkpoint(const ModelConfig& cfg, const std::string& dir, boo
     for (size_t i = 1; i < t.shape.size(); ++i) cols *= t.shape[i];
     const bool fp4 = qdt == DType::I8 || qdt == DType::U8;
     if (fp4) cols = q.shape[1] * 2;  // packed in the quantised layout
-    std::vector<float> w = master_values(t.name, rows, cols, rng);
+    std::vector<float> w = master_values(t.name, rows, cols, rng, opt.output_scale);
     if (qdt == DType::F8_E4M3 || fp4) {
       std::vector<uint8_t> scale;
       std::vector<float> deq;

@@ -12,6 +12,11 @@ namespace dsv4 {
 struct RandomCheckpointOptions {
   uint64_t seed = 1;
   bool with_mtp = true;  // write mtp.{j}.* when num_nextn_predict_layers > 0
+  // Multiplies the init std of every sub-layer output projection (wo_b, expert/shared w2).
+  // Below 1 the residual stream dominates each block, as in trained models: the test model is
+  // then well conditioned instead of chaotic, so reduced-precision paths can be compared
+  // statistically (random tiny models at 1.0 amplify any rounding, spec/model.md §10).
+  float output_scale = 1.0f;
 };
 
 // Writes `dir/config.json` + safetensors: quantised when `quantized`, else the dequantised twin

@@ -66,6 +66,8 @@ int main(int argc, char** argv) {
   tiny->add_option("--config", tiny_cfg, "config.json to use instead of the built-in tiny config");
   tiny->add_option("--seed", tiny_seed, "random seed");
   tiny->add_flag("--no-mtp", tiny_no_mtp, "omit the mtp.* tensors");
+  float tiny_output_scale = 1.0f;
+  tiny->add_option("--output-scale", tiny_output_scale, "init std factor of sub-layer output projections (<1: well conditioned)");
 
   auto* gen = app.add_subcommand("generate", "generate tokens from prompt token ids");
   std::string gen_model = default_model_dir(), gen_ids = "0,1,2,3", gen_device = "cpu";
@@ -125,7 +127,7 @@ int main(int argc, char** argv) {
 #endif
     if (*tiny) {
       ModelConfig cfg = tiny_cfg.empty() ? tiny_config() : load_config(tiny_cfg);
-      RandomCheckpointOptions opt{tiny_seed, !tiny_no_mtp};
+      RandomCheckpointOptions opt{tiny_seed, !tiny_no_mtp, tiny_output_scale};
       write_random_checkpoint(cfg, tiny_out, true, opt);
       if (!tiny_deq.empty()) write_random_checkpoint(cfg, tiny_deq, false, opt);
       std::printf("wrote %s%s%s\n", tiny_out.c_str(), tiny_deq.empty() ? "" : " and ", tiny_deq.c_str());
