@@ -121,8 +121,18 @@ void Generation::parsed(std::vector<StreamEvent>& evs, std::vector<OutputDelta>&
   evs.clear();
 }
 
+std::string Generation::token_text(int32_t id) const {
+  const auto t = static_cast<TokenId>(id);
+  return tok_->is_valid_id(t) ? tok_->decode(std::span<const TokenId>(&t, 1)) : std::string();
+}
+
 void Generation::handle(const TokenEvent& e, std::vector<OutputDelta>& out) {
   const auto now = std::chrono::steady_clock::now();
+  if (e.token >= 0 && plan_.sampling.logprobs) {
+    LogprobEntry le{{token_text(e.token), e.logprob}, {}};
+    for (const TokenLogprob& t : e.top_logprobs) le.top.push_back({token_text(t.token), t.logprob});
+    logprobs_.push_back(std::move(le));
+  }
   if (e.token >= 0) {
     if (timings_.ttft < 0) {
       timings_.ttft = std::chrono::duration<double>(now - t0_).count();

@@ -8,12 +8,14 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "chat/stream_parser.h"
 #include "chat/tokenizer.h"
 #include "runtime/engine.h"
 #include "server/generation_plan.h"
+#include "server/logprobs_json.h"
 #include "server/metrics.h"
 
 namespace dsv4 {
@@ -53,6 +55,8 @@ class Generation {
   bool poll(std::chrono::milliseconds wait, std::vector<OutputDelta>& out);
   // Thread-safe: the engine frees its state; poll() then finishes with "abort".
   void cancel();
+  // The logprobs of the tokens polled since the last call (when the plan asked for them).
+  std::vector<LogprobEntry> take_logprobs() { return std::exchange(logprobs_, {}); }
   bool finished() const { return finished_; }
   const GenerationSummary& summary() const { return sum_; }
   uint64_t engine_id() const { return id_; }
@@ -61,6 +65,7 @@ class Generation {
   struct Inbox;
   void handle(const TokenEvent& e, std::vector<OutputDelta>& out);
   void parsed(std::vector<StreamEvent>& evs, std::vector<OutputDelta>& out);
+  std::string token_text(int32_t id) const;
 
   Engine* engine_;
   const Tokenizer* tok_;
@@ -69,6 +74,7 @@ class Generation {
   std::shared_ptr<Inbox> inbox_;
   std::unique_ptr<StreamParser> parser_;  // chat only
   std::vector<OutputDelta> pending_;      // from the forced tool-call prefix
+  std::vector<LogprobEntry> logprobs_;
   uint64_t id_ = 0;
   std::atomic<bool> finished_{false};  // read by cancel() from other threads
   bool reasoning_open_ = false;

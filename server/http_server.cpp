@@ -58,7 +58,7 @@ bool write_stream(StreamState& st, httplib::DataSink& sink) {
   }
   std::vector<OutputDelta> d;
   const bool fin = st.gen->poll(100ms, d);
-  out += st.builder.stream_deltas(d);
+  out += st.builder.stream_deltas(d, st.gen->take_logprobs());
   if (fin) out += st.builder.stream_close(st.gen->summary(), st.include_usage);
   const auto now = std::chrono::steady_clock::now();
   // While nothing is produced (queued, long prefill) a comment line every second tells
@@ -213,13 +213,13 @@ void ApiServer::generate(const httplib::Request& req, httplib::Response& res, bo
   begin(gen);
 
   if (!plan.stream) {
-    ResponseBuilder b(chat, api_.served_model_name);
+    ResponseBuilder b(chat, api_.served_model_name, plan.sampling.logprobs);
     std::vector<OutputDelta> d;
     while (!gen->poll(1000ms, d)) {
-      b.add(d);
+      b.add(d, gen->take_logprobs());
       d.clear();
     }
-    b.add(d);
+    b.add(d, gen->take_logprobs());
     const GenerationSummary& sum = gen->summary();
     if (sum.finish_reason == "error")
       send_json(res, 500, error_body(500, sum.error, "", "", "server_error"));
@@ -229,7 +229,7 @@ void ApiServer::generate(const httplib::Request& req, httplib::Response& res, bo
     return;
   }
 
-  auto st = std::make_shared<StreamState>(StreamState{gen, ResponseBuilder(chat, api_.served_model_name)});
+  auto st = std::make_shared<StreamState>(StreamState{gen, ResponseBuilder(chat, api_.served_model_name, plan.sampling.logprobs)});
   st->include_usage = plan.include_usage;
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(

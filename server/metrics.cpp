@@ -86,6 +86,11 @@ std::string Metrics::render(const EngineStats& s) const {
   counter("prefix_cache_hit_tokens_total", "Prompt tokens restored from the prefix cache.", double(s.prefix_hit_tokens));
   counter("num_preemptions_total", "Sequences preempted (recomputed later) for lack of KV memory.",
           double(s.preemptions));
+  // vLLM's spec-decode names; acceptance rate = accepted / draft.
+  counter("spec_decode_num_draft_tokens_total", "MTP draft tokens proposed (speculative decoding).",
+          double(s.spec_draft_tokens));
+  counter("spec_decode_num_accepted_tokens_total", "MTP draft tokens accepted by verification.",
+          double(s.spec_accepted_tokens));
   counter("prompt_tokens_total", "Prompt tokens of finished requests.", double(prompt_tokens_));
   counter("generation_tokens_total", "Generated tokens of finished requests.", double(generation_tokens_));
 

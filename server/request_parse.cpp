@@ -105,13 +105,22 @@ void check_length(const GenerationPlan& p, const ApiConfig& cfg, const char* wha
                 "max_tokens", "context_length_exceeded");
 }
 
-void reject_logprobs(const Fields& f) {
-  // Not wired through yet; a clear 400 beats silently returning none.
-  const ojson* lp = f.get("logprobs");
-  if (lp && ((lp->is_boolean() && lp->get<bool>()) || (lp->is_number() && lp->get<double>() > 0)))
-    bad_request("logprobs are not supported by this server", "logprobs");
-  if (auto t = f.integer("top_logprobs", 0, 20); t && *t > 0)
-    bad_request("top_logprobs are not supported by this server", "top_logprobs");
+// Chat (OpenAI): logprobs is a bool, top_logprobs 0..20 alternatives and needs logprobs.
+void parse_chat_logprobs(const Fields& f, GenerationPlan& p) {
+  p.sampling.logprobs = f.boolean("logprobs").value_or(false);
+  const auto top = f.integer("top_logprobs", 0, 20);
+  if (top && *top > 0 && !p.sampling.logprobs)
+    bad_request("top_logprobs needs \"logprobs\": true", "top_logprobs");
+  p.sampling.top_logprobs = static_cast<int32_t>(top.value_or(0));
+}
+
+// Completions (legacy): logprobs is the number of alternatives, 0..20 (vLLM's max_logprobs).
+void parse_completion_logprobs(const Fields& f, GenerationPlan& p) {
+  if (f.get("top_logprobs")) bad_request("top_logprobs is a chat parameter; use logprobs: N", "top_logprobs");
+  const auto n = f.integer("logprobs", 0, 20);
+  if (!n) return;
+  p.sampling.logprobs = true;
+  p.sampling.top_logprobs = static_cast<int32_t>(*n);
 }
 
 struct ThinkingChoice {
@@ -258,7 +267,7 @@ GenerationPlan parse_chat_request(const ojson& body, const ApiConfig& cfg, const
   ojson messages = *msgs;
   check_last_message(messages, f);
   parse_common(f, tok, p);
-  reject_logprobs(f);
+  parse_chat_logprobs(f, p);
   auto mt = f.integer("max_completion_tokens", 1, INT64_MAX);
   if (!mt) mt = f.integer("max_tokens", 1, INT64_MAX);
   if (mt) p.stop.max_tokens = *mt;
@@ -273,6 +282,7 @@ GenerationPlan parse_chat_request(const ojson& body, const ApiConfig& cfg, const
     p.sampling = SamplingParams{};  // temperature 1, top_p 1, no top_k, no penalties
     p.sampling.seed = seed;
     p.sampling.logit_bias = bias;
+    parse_chat_logprobs(f, p);  // what is reported, not how tokens are drawn: kept
   }
   p.forced_prefix = parse_tools(f, messages, p.mode, p);
 
@@ -337,7 +347,7 @@ GenerationPlan parse_completion_request(const ojson& body, const ApiConfig& cfg,
     bad_request("'prompt' must be a string or an array of token ids", "prompt");
   }
   parse_common(f, tok, p);
-  reject_logprobs(f);
+  parse_completion_logprobs(f, p);
   if (f.boolean("echo").value_or(false)) bad_request("echo is not supported", "echo");
   if (auto s = f.string("suffix"); s && !s->empty())
     bad_request("suffix (fill-in-the-middle) is not supported for DeepSeek-V4", "suffix");

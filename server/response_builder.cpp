@@ -18,8 +18,9 @@ std::string random_hex(int digits) {
 
 std::string make_tool_call_id() { return "call_" + random_hex(24); }
 
-ResponseBuilder::ResponseBuilder(bool chat, std::string model)
+ResponseBuilder::ResponseBuilder(bool chat, std::string model, bool logprobs)
     : chat_(chat),
+      logprobs_(logprobs),
       model_(std::move(model)),
       id_((chat ? "chatcmpl-" : "cmpl-") + random_hex(32)),
       created_(std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
@@ -40,14 +41,19 @@ ojson ResponseBuilder::chunk(ojson choice) const {
   return c;
 }
 
+ojson ResponseBuilder::logprobs_json(const std::vector<LogprobEntry>& lp) {
+  if (!logprobs_) return nullptr;
+  return chat_ ? chat_logprobs(lp) : completion_logprobs(lp, text_offset_);
+}
+
 std::string ResponseBuilder::stream_open() const {
   if (!chat_) return "";
   return sse_event(chunk({{"index", 0}, {"delta", {{"role", "assistant"}, {"content", ""}}}, {"logprobs", nullptr},
                           {"finish_reason", nullptr}}));
 }
 
-std::string ResponseBuilder::stream_deltas(const std::vector<OutputDelta>& d) {
-  std::string out;
+std::string ResponseBuilder::stream_deltas(const std::vector<OutputDelta>& d, const std::vector<LogprobEntry>& lp) {
+  std::vector<ojson> choices;
   for (size_t i = 0; i < d.size();) {
     // Adjacent text deltas of one kind (or fragments of one call) go out as one chunk.
     size_t j = i + 1;
@@ -55,7 +61,7 @@ std::string ResponseBuilder::stream_deltas(const std::vector<OutputDelta>& d) {
     const bool mergeable = d[i].kind != OutputDelta::Kind::kToolBegin;
     while (mergeable && j < d.size() && d[j].kind == d[i].kind && d[j].index == d[i].index) text += d[j++].text;
     if (!chat_) {
-      out += sse_event(chunk({{"index", 0}, {"text", text}, {"logprobs", nullptr}, {"finish_reason", nullptr}}));
+      choices.push_back({{"index", 0}, {"text", text}, {"logprobs", nullptr}, {"finish_reason", nullptr}});
       i = j;
       continue;
     }
@@ -73,9 +79,17 @@ std::string ResponseBuilder::stream_deltas(const std::vector<OutputDelta>& d) {
         delta["tool_calls"] = ojson::array({{{"index", d[i].index}, {"function", {{"arguments", text}}}}});
         break;
     }
-    out += sse_event(chunk({{"index", 0}, {"delta", delta}, {"logprobs", nullptr}, {"finish_reason", nullptr}}));
+    choices.push_back({{"index", 0}, {"delta", delta}, {"logprobs", nullptr}, {"finish_reason", nullptr}});
     i = j;
   }
+  if (logprobs_ && !lp.empty()) {
+    if (choices.empty())
+      choices.push_back(chat_ ? ojson{{"index", 0}, {"delta", ojson::object()}, {"logprobs", nullptr}, {"finish_reason", nullptr}}
+                              : ojson{{"index", 0}, {"text", ""}, {"logprobs", nullptr}, {"finish_reason", nullptr}});
+    choices.back()["logprobs"] = logprobs_json(lp);
+  }
+  std::string out;
+  for (ojson& c : choices) out += sse_event(chunk(std::move(c)));
   return out;
 }
 
@@ -98,7 +112,8 @@ std::string ResponseBuilder::stream_close(const GenerationSummary& s, bool inclu
   return out + sse_done();
 }
 
-void ResponseBuilder::add(const std::vector<OutputDelta>& d) {
+void ResponseBuilder::add(const std::vector<OutputDelta>& d, const std::vector<LogprobEntry>& lp) {
+  lp_.insert(lp_.end(), lp.begin(), lp.end());
   for (const auto& x : d) {
     switch (x.kind) {
       case OutputDelta::Kind::kReasoning: reasoning_ += x.text; break;
@@ -152,7 +167,8 @@ ojson ResponseBuilder::final_response(const GenerationSummary& s) const {
   } else {
     choice["text"] = content_;
   }
-  choice["logprobs"] = nullptr;
+  int64_t offset = 0;
+  choice["logprobs"] = !logprobs_ ? ojson(nullptr) : chat_ ? chat_logprobs(lp_) : completion_logprobs(lp_, offset);
   choice["finish_reason"] = s.finish_reason;
   r["choices"] = ojson::array({choice});
   r["usage"] = usage(s);

@@ -12,16 +12,20 @@ namespace dsv4 {
 
 class ResponseBuilder {
  public:
-  ResponseBuilder(bool chat, std::string model);
+  // logprobs: the request asked for them (choices carry an object, else null).
+  ResponseBuilder(bool chat, std::string model, bool logprobs = false);
 
   // Streaming: SSE text for the opening chunk (chat: role), for deltas, and for the end
   // (finish chunk, optional usage chunk, [DONE]). An error ends the stream with an error event.
+  // The logprobs of one poll ride on the last chunk of its deltas (a chunk with an empty
+  // delta when the poll's text is held back), so the chunks' logprobs concatenate to the
+  // non-streamed list.
   std::string stream_open() const;
-  std::string stream_deltas(const std::vector<OutputDelta>& d);
+  std::string stream_deltas(const std::vector<OutputDelta>& d, const std::vector<LogprobEntry>& lp = {});
   std::string stream_close(const GenerationSummary& s, bool include_usage) const;
 
   // Non-streaming: accumulate, then the whole response.
-  void add(const std::vector<OutputDelta>& d);
+  void add(const std::vector<OutputDelta>& d, const std::vector<LogprobEntry>& lp = {});
   ojson final_response(const GenerationSummary& s) const;
 
   static ojson usage(const GenerationSummary& s);
@@ -29,15 +33,18 @@ class ResponseBuilder {
 
  private:
   ojson chunk(ojson choice) const;
+  ojson logprobs_json(const std::vector<LogprobEntry>& lp);
   const std::string& call_id(int index);
 
-  bool chat_;
+  bool chat_, logprobs_;
+  int64_t text_offset_ = 0;  // completions: where the next token's text starts
   std::string model_, id_;
   int64_t created_;
   std::vector<std::string> call_ids_;
   // Non-streaming accumulation.
   std::string reasoning_, content_;
   std::vector<std::pair<std::string, std::string>> calls_;  // name, arguments
+  std::vector<LogprobEntry> lp_;
 };
 
 // "call_" + 24 hex digits (vLLM's form), random.

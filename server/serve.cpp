@@ -13,14 +13,10 @@
 
 #include "chat/tokenizer.h"
 #include "core/error.h"
-#include "io/config.h"
-#include "model/model.h"
-#include "model/weights.h"
-#include "runtime/cpu_backend.h"
 #include "runtime/engine.h"
 #include "runtime/kv_budget.h"
 #include "server/http_server.h"
-#include "server/scripted_backend.h"
+#include "server/serve_backend.h"
 
 namespace dsv4 {
 
@@ -60,6 +56,14 @@ CLI::App* add_serve_command(CLI::App& app, ServeOptions& o) {
   s->add_option("--shutdown-grace", o.shutdown_grace_s, "seconds in-flight requests may run after SIGTERM")
       ->capture_default_str();
   s->add_option("--http-threads", o.http_threads, "connection threads")->capture_default_str();
+  s->add_option("--device", o.device, "cpu or cuda")->capture_default_str();
+  s->add_option("--precision", o.precision, "cuda: exact (fp32) or fast (FP8/FP4 tensor cores)")->capture_default_str();
+  s->add_option("--gpu-memory-utilization", o.gpu_memory_utilization,
+                "cuda: fraction of device memory for weights + KV (the KV budget is what is left of it)")
+      ->capture_default_str();
+  s->add_option("--speculative-tokens", o.speculative_tokens,
+                "MTP draft tokens per decode step (0 = off; CPU, needs mtp.* weights)")
+      ->capture_default_str();
   s->add_option("--fake-output-file", o.fake_output_file,
                 "TEST ONLY: replay scripted model output from this JSON file instead of running the model");
   return s;
@@ -76,17 +80,10 @@ int run_serve(const ServeOptions& o) {
 
   const std::string dir = o.model_dir;
   const Tokenizer tok = Tokenizer::from_file(dir + "/tokenizer.json");
-  std::unique_ptr<Model> model;
-  std::unique_ptr<ModelBackend> backend;
-  if (!o.fake_output_file.empty()) {
-    std::fprintf(stderr, "dsv4 serve: TEST MODE: replaying %s instead of running the model\n",
-                 o.fake_output_file.c_str());
-    backend = std::make_unique<ScriptedBackend>(load_config(dir + "/config.json"), tok,
-                                                load_script(o.fake_output_file, tok));
-  } else {
-    model = std::make_unique<Model>(load_weights(dir));
-    backend = std::make_unique<CpuBackend>(*model);
-  }
+  BackendChoice bc{o.device, o.precision, o.gpu_memory_utilization, o.speculative_tokens, o.fake_output_file};
+  check_backend_choice(bc);  // before the (slow) weight load
+  ServeBackend sb = make_serve_backend(dir, tok, bc);
+  ModelBackend* backend = sb.backend.get();
   const int64_t model_vocab = backend->config().vocab_size;
   if (static_cast<int64_t>(tok.vocab_size()) > model_vocab)
     std::fprintf(stderr,
@@ -95,7 +92,8 @@ int run_serve(const ServeOptions& o) {
                  tok.vocab_size(), static_cast<long long>(model_vocab));
 
   EngineOptions eo;
-  eo.kv_memory_bytes = parse_memory_size(o.kv_memory);
+  eo.kv_memory_bytes = sb.kv_budget > 0 ? sb.kv_budget : parse_memory_size(o.kv_memory);
+  eo.speculative_tokens = o.speculative_tokens;
   eo.limits.max_batch = o.max_num_seqs;
   eo.limits.max_tokens_per_step = o.max_num_batched_tokens;
   eo.max_model_len = o.max_model_len;

@@ -25,6 +25,10 @@ struct ServeOptions {
   std::string reasoning_effort_profile = "auto";  // auto | preview | 0731
   double shutdown_grace_s = 5;
   int http_threads = 256;
+  std::string device = "cpu";        // cpu | cuda
+  std::string precision = "exact";   // cuda: exact | fast
+  double gpu_memory_utilization = 0.9;
+  int64_t speculative_tokens = 0;    // MTP drafts per decode step (CPU)
   std::string fake_output_file;  // TEST ONLY: replay scripted output (server/scripted_backend.h)
 };
 

@@ -77,7 +77,11 @@ TEST(server_request, RejectsWrongTypesAndRangesNamingTheField) {
       {{{"logit_bias", {{"abc", 1}}}}, "logit_bias"},
       {{{"logit_bias", {{"5", 1000}}}}, "logit_bias"},
       {{{"n", 2}}, "n"},
-      {{{"logprobs", true}}, "logprobs"},
+      {{{"logprobs", 1}}, "logprobs"},
+      {{{"logprobs", true}, {"top_logprobs", 21}}, "top_logprobs"},
+      {{{"logprobs", true}, {"top_logprobs", -1}}, "top_logprobs"},
+      {{{"top_logprobs", 3}}, "top_logprobs"},
+      {{{"logprobs", false}, {"top_logprobs", 2}}, "top_logprobs"},
       {{{"stream_options", {{"include_usage", true}}}}, "stream_options"},
       {{{"reasoning_effort", "extreme"}}, "reasoning_effort"},
       {{{"thinking", {{"type", "sometimes"}}}}, "thinking"},
@@ -94,6 +98,20 @@ TEST(server_request, RejectsWrongTypesAndRangesNamingTheField) {
     EXPECT_EQ(e.param, c.param) << c.extra.dump() << " -> " << e.what();
     EXPECT_EQ(e.type, "invalid_request_error");
   }
+}
+
+TEST(server_request, ChatLogprobsReachTheSampler) {
+  GenerationPlan p = parse_chat_request(chat({{"logprobs", true}, {"top_logprobs", 5}}), cfg(), tok());
+  EXPECT_TRUE(p.sampling.logprobs);
+  EXPECT_EQ(p.sampling.top_logprobs, 5);
+  GenerationPlan q = parse_chat_request(chat({{"logprobs", false}, {"top_logprobs", 0}}), cfg(), tok());
+  EXPECT_FALSE(q.sampling.logprobs);
+  EXPECT_EQ(q.sampling.top_logprobs, 0);
+  // Thinking mode's fixed sampling keeps what the client asked to see.
+  GenerationPlan t = parse_chat_request(
+      chat({{"logprobs", true}, {"top_logprobs", 2}, {"thinking", {{"type", "enabled"}}}}), cfg(), tok());
+  EXPECT_TRUE(t.sampling.logprobs);
+  EXPECT_EQ(t.sampling.top_logprobs, 2);
 }
 
 TEST(server_request, ModelAndMessagesAreChecked) {
@@ -212,6 +230,12 @@ TEST(server_request, Completions) {
   EXPECT_EQ(completion_error({{"model", "tiny"}, {"prompt", "x"}, {"best_of", 3}}).param, "best_of");
   EXPECT_EQ(completion_error({{"model", "tiny"}, {"prompt", "x"}, {"echo", true}}).param, "echo");
   EXPECT_EQ(completion_error({{"model", "tiny"}, {"prompt", "x"}, {"suffix", "y"}}).param, "suffix");
+  EXPECT_EQ(completion_error({{"model", "tiny"}, {"prompt", "x"}, {"logprobs", 21}}).param, "logprobs");
+  EXPECT_EQ(completion_error({{"model", "tiny"}, {"prompt", "x"}, {"logprobs", true}}).param, "logprobs");
+  EXPECT_EQ(completion_error({{"model", "tiny"}, {"prompt", "x"}, {"top_logprobs", 2}}).param, "top_logprobs");
+  GenerationPlan lp = parse_completion_request({{"model", "tiny"}, {"prompt", "x"}, {"logprobs", 3}}, cfg(), tok());
+  EXPECT_TRUE(lp.sampling.logprobs);
+  EXPECT_EQ(lp.sampling.top_logprobs, 3);
   EXPECT_EQ(completion_error({{"model", "tiny"}, {"prompt", "x"}, {"max_tokens", 100}}).code, "context_length_exceeded");
   EXPECT_EQ(completion_error({{"model", "other"}, {"prompt", "x"}}).status, 404);
 }
