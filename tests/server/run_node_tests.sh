@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # ctest driver for the OpenAI-SDK tests: installs the pinned `openai` package (npm ci) into a
-# scratch copy of tests/server/node, starts three `dsv4 serve` instances on free loopback
+# scratch copy of tests/server/node, starts four `dsv4 serve` instances on free loopback
 # ports (the real tiny model with an API key; the test-only scripted backend; a tiny KV
-# budget that forces preemption), runs `node --test`, and stops the servers.
+# budget that forces preemption; MTP speculative decoding), runs `node --test`, and stops the servers.
 #   run_node_tests.sh DSV4_BIN SOURCE_DIR WORK_DIR
 set -euo pipefail
 BIN="$1" SRC="$2" WORK="$3"
@@ -39,11 +39,13 @@ MODEL="$SRC/models/tiny"
 start real "$MODEL" --api-key test-key --served-model-name tiny
 start fake "$MODEL" --served-model-name fake --fake-output-file "$WORK/fake_outputs.json" --max-model-len 4096
 start smallkv "$MODEL" --served-model-name tiny --kv-memory 300KiB --max-model-len 256 --max-num-seqs 8
+start spec "$MODEL" --served-model-name tiny --speculative-tokens 2
 
 export DSV4_BIN="$BIN" DSV4_MODEL="$MODEL"
 export DSV4_REAL_URL="http://127.0.0.1:$PORT_real" DSV4_REAL_PID="$PID_real"
 export DSV4_FAKE_URL="http://127.0.0.1:$PORT_fake"
 export DSV4_SMALLKV_URL="http://127.0.0.1:$PORT_smallkv"
+export DSV4_SPEC_URL="http://127.0.0.1:$PORT_spec"
 status=0
 node --test --test-concurrency=1 ./*.test.mjs || status=$?
 if [[ $status -ne 0 ]]; then for f in server-*.log; do echo "== $f"; tail -20 "$f"; done; fi

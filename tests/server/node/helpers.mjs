@@ -6,6 +6,7 @@ import { readFileSync } from 'node:fs';
 export const REAL = process.env.DSV4_REAL_URL;
 export const FAKE = process.env.DSV4_FAKE_URL;
 export const SMALLKV = process.env.DSV4_SMALLKV_URL;
+export const SPEC = process.env.DSV4_SPEC_URL;
 export const API_KEY = 'test-key';
 
 export function client(base, apiKey = 'none') {
