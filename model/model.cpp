@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "model/attention.h"
 #include "model/batch.h"
+#include "model/block.h"
 #include "model/mhc.h"
 #include "model/moe.h"
 
@@ -21,7 +22,6 @@ Model::Model(ModelWeights weights)
 std::vector<float> Model::forward(std::span<const SequenceChunk> chunks, bool all_logits, std::vector<float>* hidden) {
   const ModelConfig& cfg = w_.config;
   const int64_t d = cfg.hidden_size, n = cfg.hc_mult, V = cfg.vocab_size;
-  const float eps = static_cast<float>(cfg.rms_norm_eps);
 
   BatchRows b;
   std::set<const SequenceState*> seen;
@@ -41,25 +41,15 @@ std::vector<float> Model::forward(std::span<const SequenceChunk> chunks, bool al
   const int64_t R = b.rows;
 
   // Residual streams: n copies of the embedding.
-  std::vector<float> X(R * n * d), u(R * d), F(R * d), e(d);
+  std::vector<float> X(R * n * d), e(d);
   for (int64_t r = 0; r < R; ++r) {
     cpu::dequant_row(w_.embed, b.token[r], e.data());
     for (int64_t i = 0; i < n; ++i) std::copy(e.begin(), e.end(), X.begin() + (r * n + i) * d);
   }
 
-  HcMix mix;
   for (size_t li = 0; li < w_.layers.size(); ++li) {
     const LayerWeights& L = w_.layers[li];
-    const RopeFreqs& rope = L.kind == AttnKind::SWA ? rope_swa_ : rope_compressed_;
-    hc_pre(L.hc_attn, cfg, X.data(), R, mix, u.data());
-    cpu::rms_norm(u.data(), L.attn_norm.data(), u.data(), R, d, eps);
-    attention_forward(L, li, cfg, rope, b, u.data(), F.data());
-    hc_post(mix, F.data(), X.data(), R, n, d);
-
-    hc_pre(L.hc_ffn, cfg, X.data(), R, mix, u.data());
-    cpu::rms_norm(u.data(), L.ffn_norm.data(), u.data(), R, d, eps);
-    moe_forward(L.ffn, cfg, L.hash, b, u.data(), F.data());
-    hc_post(mix, F.data(), X.data(), R, n, d);
+    decoder_block(L, li, cfg, L.kind == AttnKind::SWA ? rope_swa_ : rope_compressed_, b, L.hash, X);
   }
   for (const auto& s : b.segs) s.state->pos += s.n;
   if (hidden) *hidden = X;
@@ -74,13 +64,7 @@ std::vector<float> Model::forward(std::span<const SequenceChunk> chunks, bool al
       out_rows.push_back(s.row0 + s.n - 1);
     }
   }
-  const int64_t O = static_cast<int64_t>(out_rows.size());
-  std::vector<float> Xo(O * n * d), h(O * d), logits(O * V);
-  for (int64_t i = 0; i < O; ++i) std::copy_n(X.data() + out_rows[i] * n * d, n * d, Xo.data() + i * n * d);
-  hc_head(w_.hc_head, cfg, Xo.data(), O, h.data());
-  cpu::rms_norm(h.data(), w_.norm.data(), h.data(), O, d, eps);
-  cpu::linear(w_.head, h.data(), O, logits.data());
-  return logits;
+  return head_logits(w_.hc_head, w_.norm, w_.head, cfg, X, out_rows);
 }
 
 }  // namespace dsv4

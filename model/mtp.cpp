@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "model/attention.h"
 #include "model/batch.h"
+#include "model/block.h"
 #include "model/mhc.h"
 #include "model/moe.h"
 
@@ -64,17 +65,7 @@ std::vector<float> MtpModule::forward(std::span<const MtpChunk> chunks, bool all
       for (int64_t c = 0; c < d; ++c) X[(r * n + i) * d + c] = Wh[(r * n + i) * d + c] + We[r * d + c];
 
   // The decoder block, as a main layer with its own state at layer index 0.
-  const LayerWeights& L = M.block;
-  std::vector<float> u(R * d), F(R * d);
-  HcMix mix;
-  hc_pre(L.hc_attn, cfg, X.data(), R, mix, u.data());
-  cpu::rms_norm(u.data(), L.attn_norm.data(), u.data(), R, d, eps);
-  attention_forward(L, 0, cfg, rope_, b, u.data(), F.data());
-  hc_post(mix, F.data(), X.data(), R, n, d);
-  hc_pre(L.hc_ffn, cfg, X.data(), R, mix, u.data());
-  cpu::rms_norm(u.data(), L.ffn_norm.data(), u.data(), R, d, eps);
-  moe_forward(L.ffn, cfg, false, b, u.data(), F.data());
-  hc_post(mix, F.data(), X.data(), R, n, d);
+  decoder_block(M.block, 0, cfg, rope_, b, false, X);
   for (const auto& s : b.segs) s.state->pos += s.n;
 
   std::vector<int64_t> out_rows;
@@ -85,14 +76,7 @@ std::vector<float> MtpModule::forward(std::span<const MtpChunk> chunks, bool all
       out_rows.push_back(s.row0 + s.n - 1);
     }
   }
-  const int64_t O = static_cast<int64_t>(out_rows.size());
-  std::vector<float> Xo(O * n * d), h(O * d), logits(O * V);
-  for (int64_t i = 0; i < O; ++i) std::copy_n(X.data() + out_rows[i] * n * d, n * d, Xo.data() + i * n * d);
-  hc_head(M.hc_head, cfg, Xo.data(), O, h.data());
-  cpu::rms_norm(h.data(), M.norm.data(), h.data(), O, d, eps);
-  cpu::linear(w.head, h.data(), O, logits.data());
-  if (out_streams) *out_streams = std::move(Xo);
-  return logits;
+  return head_logits(M.hc_head, M.norm, w.head, cfg, X, out_rows, out_streams);
 }
 
 }  // namespace dsv4
