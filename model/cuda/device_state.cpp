@@ -1,5 +1,7 @@
 #include "model/cuda/device_state.h"
 
+#include <algorithm>
+
 #include "backend/cuda/check.h"
 #include "core/error.h"
 
@@ -32,6 +34,11 @@ DeviceSequence::DeviceSequence(const ModelConfig& cfg, int64_t capacity) : capac
   }
   W_ = W;
   D0_ = D;
+  max_verify_ = W;
+  for (const auto& s : layers) {
+    if (s.cmp_rows > 0) max_verify_ = std::min(max_verify_, s.cmp_rows);
+    if (s.idx_rows > 0) max_verify_ = std::min(max_verify_, s.idx_rows);
+  }
   int64_t total = 0;
   for (int64_t n : sizes) total += (n + 63) / 64 * 64;
   buf_ = cuda::DeviceBuffer(static_cast<size_t>(total) * sizeof(float));
@@ -73,6 +80,82 @@ void DeviceSequence::copy_state_from(const DeviceSequence& src, cudaStream_t str
     copy(b.idx_keys, a.idx_keys, closed * dI_[l]);
   }
   pos = src.pos;
+  undo_p0_ = -1;  // a pending verify of the old state no longer applies
+  undo_n_ = 0;
+}
+
+namespace {
+
+// Copies positions [p, p + n) between a ring ([rows, width], slot = pos % rows) and a dense
+// [n, width] buffer; n <= rows, so at most two pieces (the ring may wrap).
+void ring_copy(float* ring, int64_t rows, int64_t width, int64_t p, int64_t n, float* dense, bool to_ring,
+               cudaStream_t stream) {
+  if (ring == nullptr || n <= 0) return;
+  const int64_t slot = p % rows, first = std::min(n, rows - slot);
+  auto piece = [&](int64_t ring_row, int64_t dense_row, int64_t count) {
+    float* r = ring + ring_row * width;
+    float* d = dense + dense_row * width;
+    const size_t bytes = static_cast<size_t>(count * width) * sizeof(float);
+    DSV4_CUDA_CHECK(cudaMemcpyAsync(to_ring ? r : d, to_ring ? d : r, bytes, cudaMemcpyDeviceToDevice, stream));
+  };
+  piece(slot, 0, first);
+  if (first < n) piece(0, first, n - first);
+}
+
+}  // namespace
+
+// The undo buffer holds, per layer, n rows of each ring in this order: window, cmp_a, cmp_z,
+// idx_a, idx_z (rings a layer lacks take no room).
+void DeviceSequence::begin_verify(int64_t n, cudaStream_t stream) {
+  DSV4_CHECK(n > 0 && n <= max_verify_, "begin_verify: ", n, " tokens outside [1, ", max_verify_, "]");
+  int64_t per_row = 0;
+  for (const auto& s : layers) per_row += D0_ + 2 * s.cmp_width + 2 * s.idx_width;
+  const size_t need = static_cast<size_t>(n * per_row) * sizeof(float);
+  if (undo_.bytes() < need) {
+    DSV4_CUDA_CHECK(cudaStreamSynchronize(stream));  // the old buffer may still be read by queued copies
+    undo_ = cuda::DeviceBuffer(need);
+  }
+  float* d = undo_.as<float>();
+  for (auto& s : layers) {
+    ring_copy(s.ring, W_, D0_, pos, n, d, false, stream);
+    d += n * D0_;
+    for (float* r : {s.cmp_a, s.cmp_z}) {
+      ring_copy(r, s.cmp_rows, s.cmp_width, pos, n, d, false, stream);
+      d += n * s.cmp_width;
+    }
+    for (float* r : {s.idx_a, s.idx_z}) {
+      ring_copy(r, s.idx_rows, s.idx_width, pos, n, d, false, stream);
+      d += n * s.idx_width;
+    }
+  }
+  undo_p0_ = pos;
+  undo_n_ = n;
+}
+
+void DeviceSequence::truncate(int64_t new_pos, cudaStream_t stream) {
+  if (undo_p0_ < 0) {
+    DSV4_CHECK(new_pos == pos, "truncate: no verify pending, cannot go back to ", new_pos, " from ", pos);
+    return;
+  }
+  DSV4_CHECK(new_pos >= undo_p0_ && new_pos <= pos && pos <= undo_p0_ + undo_n_, "truncate: position ", new_pos,
+             " outside the verify [", undo_p0_, ", ", pos, "]");
+  const int64_t n = undo_n_, skip = new_pos - undo_p0_, back = undo_p0_ + n - new_pos;  // rows to restore
+  float* d = undo_.as<float>();
+  for (auto& s : layers) {
+    ring_copy(s.ring, W_, D0_, new_pos, back, d + skip * D0_, true, stream);
+    d += n * D0_;
+    for (float* r : {s.cmp_a, s.cmp_z}) {
+      ring_copy(r, s.cmp_rows, s.cmp_width, new_pos, back, d + skip * s.cmp_width, true, stream);
+      d += n * s.cmp_width;
+    }
+    for (float* r : {s.idx_a, s.idx_z}) {
+      ring_copy(r, s.idx_rows, s.idx_width, new_pos, back, d + skip * s.idx_width, true, stream);
+      d += n * s.idx_width;
+    }
+  }
+  pos = new_pos;
+  undo_p0_ = -1;
+  undo_n_ = 0;
 }
 
 }  // namespace dsv4

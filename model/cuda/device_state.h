@@ -33,11 +33,25 @@ class DeviceSequence {
   // closed entries and indexer keys). Needs capacity() >= src.pos. Ordered on `stream`.
   void copy_state_from(const DeviceSequence& src, cudaStream_t stream);
 
+  // Speculative verify rollback (spec/model.md §6). begin_verify saves the ring rows that the next
+  // forward of n tokens will overwrite (window slots and compressor/indexer rows of positions
+  // [pos, pos + n)); truncate(new_pos) puts back those of positions >= new_pos and rewinds pos, so
+  // the state is bitwise that of a run that stopped at new_pos. Closed entries and indexer keys
+  // need no copy: their counts derive from pos and re-closing a window rewrites its entry.
+  // Both are ordered on `stream`; truncate(pos) keeps everything (accept all).
+  void begin_verify(int64_t n, cudaStream_t stream);
+  void truncate(int64_t new_pos, cudaStream_t stream);
+  // The largest n begin_verify takes: no ring row may be written twice by one verify, since only
+  // its pre-verify content is saved (the smallest ring: W, or m rows for HCA).
+  int64_t max_verify_tokens() const { return max_verify_; }
+
  private:
   int64_t capacity_;
   std::vector<int64_t> ratio_, D_, dI_;  // per layer: compression ratio and entry widths
-  int64_t W_ = 0, D0_ = 0;
+  int64_t W_ = 0, D0_ = 0, max_verify_ = 0;
   cuda::DeviceBuffer buf_;
+  cuda::DeviceBuffer undo_;              // saved rows of the pending verify, grown on demand
+  int64_t undo_p0_ = -1, undo_n_ = 0;    // positions [undo_p0_, undo_p0_ + undo_n_) saved; -1 = none
 };
 
 }  // namespace dsv4
