@@ -79,16 +79,18 @@ void CudaModel::linear(const WeightView& w, const float* x, int64_t rows, float*
   }
 }
 
-std::vector<float> CudaModel::forward(std::span<const DeviceChunk> chunks, bool all_logits) {
+std::vector<float> CudaModel::forward(std::span<const DeviceChunk> chunks, bool all_logits,
+                                      std::vector<float>* hidden) {
   const float* d_logits = nullptr;
-  const int64_t rows = forward_device(chunks, all_logits, &d_logits);
+  const int64_t rows = forward_device(chunks, all_logits, &d_logits, hidden);
   std::vector<float> out(static_cast<size_t>(rows * dw_.config.vocab_size));
   DSV4_CUDA_CHECK(cudaMemcpyAsync(out.data(), d_logits, out.size() * sizeof(float), cudaMemcpyDeviceToHost, stream_));
   DSV4_CUDA_CHECK(cudaStreamSynchronize(stream_));
   return out;
 }
 
-int64_t CudaModel::forward_device(std::span<const DeviceChunk> chunks, bool all_logits, const float** logits_out) {
+int64_t CudaModel::forward_device(std::span<const DeviceChunk> chunks, bool all_logits, const float** logits_out,
+                                  std::vector<float>* hidden) {
   const ModelConfig& cfg = dw_.config;
   const int64_t d = cfg.hidden_size, n = cfg.hc_mult, V = cfg.vocab_size, H = cfg.num_heads, D = cfg.head_dim;
   const int64_t W = cfg.sliding_window, ql = cfg.q_lora_rank, nI = cfg.index_n_heads, dI = cfg.index_head_dim;
@@ -269,6 +271,10 @@ int64_t CudaModel::forward_device(std::span<const DeviceChunk> chunks, bool all_
     cuda::hc_post(post, comb, F, X, R, n, d, s);
   }
 
+  if (hidden) {  // every row's streams, before the head reduces them (synchronised below)
+    hidden->resize(static_cast<size_t>(R * n * d));
+    DSV4_CUDA_CHECK(cudaMemcpyAsync(hidden->data(), X, hidden->size() * sizeof(float), cudaMemcpyDeviceToHost, s));
+  }
   // Head on the requested rows (fp32, as the official demo).
   cuda::gather_rows(X, d_out, O, n * d, Xo, s);
   cuda::hc_head(dw_.hc_head, Xo, O, n, d, hc_eps, eps, hh, s);

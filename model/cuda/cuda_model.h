@@ -30,10 +30,14 @@ class CudaModel {
   DeviceSequence new_sequence(int64_t capacity) const { return DeviceSequence(dw_.config, capacity); }
 
   // Same contract as Model::forward: logits [rows, vocab] for every token (all_logits) or for
-  // the last token of each chunk, copied to the host.
-  std::vector<float> forward(std::span<const DeviceChunk> chunks, bool all_logits);
+  // the last token of each chunk, copied to the host. hidden (optional) receives every row's
+  // streams after the last block, before hc_head ([rows, hc_mult · hidden], chunk order): the
+  // MTP module's input.
+  std::vector<float> forward(std::span<const DeviceChunk> chunks, bool all_logits,
+                             std::vector<float>* hidden = nullptr);
   // Same, leaving logits on the device (valid until the next call); returns the row count.
-  int64_t forward_device(std::span<const DeviceChunk> chunks, bool all_logits, const float** logits);
+  int64_t forward_device(std::span<const DeviceChunk> chunks, bool all_logits, const float** logits,
+                         std::vector<float>* hidden = nullptr);
   cudaStream_t stream() const { return stream_; }
   // Tests: fill every scratch buffer with NaN bytes before each call, so a kernel that leaves
   // an element unwritten shows up as NaN in the logits.

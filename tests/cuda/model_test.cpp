@@ -8,6 +8,7 @@
 #include "../model/golden_case.h"
 #include "gpu_test.h"
 #include "model/cuda/cuda_model.h"
+#include "model/model.h"
 
 namespace dsv4::test {
 namespace {
@@ -83,6 +84,30 @@ TEST_P(CudaGolden, ExactBatchedSequencesMatchOracle) {
         ASSERT_LE(max_abs_diff(got.data() + row * V, c().logits.data() + p * V, V), kOracleTol) << "seq " << s;
       }
   }
+}
+
+// The streams before hc_head (the MTP module's input) match the CPU model's on every row, and
+// do not depend on which rows get logits.
+TEST_P(CudaGolden, HiddenStreamsMatchCpuModel) {
+  ModelWeights w = load_weights(c().quant_dir);
+  CudaModel m(w, cuda::Precision::Exact);
+  m.set_poison(true);
+  Model cpu(std::move(w));
+  const size_t L = c().ids.size();
+  std::vector<float> want, got_all, got_last;
+  SequenceState st = cpu.new_sequence();
+  SequenceChunk sc{&st, std::span<const int32_t>(c().ids.data(), L)};
+  cpu.forward(std::span<const SequenceChunk>(&sc, 1), true, &want);
+  for (bool all : {true, false}) {
+    DeviceSequence seq = m.new_sequence(static_cast<int64_t>(L));
+    DeviceChunk dc{&seq, std::span<const int32_t>(c().ids.data(), L)};
+    m.forward(std::span<const DeviceChunk>(&dc, 1), all, all ? &got_all : &got_last);
+  }
+  ASSERT_EQ(got_all.size(), want.size());
+  ASSERT_EQ(got_all, got_last);
+  const double err = rel_error(got_all, want);
+  std::printf("  %s hidden streams: rel error cuda vs cpu %.3g\n", GetParam().c_str(), err);
+  EXPECT_LE(err, 1e-4);
 }
 
 // KL(p || q) of softmaxes of two logit rows.
