@@ -34,12 +34,11 @@ struct GenerationSummary {
   int tool_calls = 0;
 };
 
-// Tokenizer ids ↔ engine ids. They are the same for a real checkpoint; a test model whose
-// vocabulary is smaller than its tokenizer's gets prompt ids folded into range (id mod V),
-// which keeps prompts deterministic (and prefix-cacheable) at the cost of meaning.
+// Tokenizer ids → engine ids: identical (serve refuses a tokenizer larger than the model's vocab;
+// the engine rejects any id out of range with a clear error).
 struct TokenMap {
   int64_t model_vocab = 0;
-  int32_t to_engine(int32_t id) const { return id < model_vocab ? id : static_cast<int32_t>(id % model_vocab); }
+  int32_t to_engine(int32_t id) const { return id; }
 };
 
 class Generation {

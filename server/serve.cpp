@@ -85,11 +85,9 @@ int run_serve(const ServeOptions& o) {
   ServeBackend sb = make_serve_backend(dir, tok, bc);
   ModelBackend* backend = sb.backend.get();
   const int64_t model_vocab = backend->config().vocab_size;
-  if (static_cast<int64_t>(tok.vocab_size()) > model_vocab)
-    std::fprintf(stderr,
-                 "dsv4 serve: warning: the tokenizer has %zu ids but the model only %lld: prompt ids are folded "
-                 "into range (a test model; a real checkpoint matches)\n",
-                 tok.vocab_size(), static_cast<long long>(model_vocab));
+  // A tokenizer that can emit ids the model has no embedding for is a mismatched folder.
+  DSV4_CHECK(static_cast<int64_t>(tok.vocab_size()) <= model_vocab, "tokenizer.json has ", tok.vocab_size(),
+             " ids but the model's vocab_size is ", model_vocab, ": tokenizer and checkpoint do not match");
 
   EngineOptions eo;
   eo.kv_memory_bytes = sb.kv_budget > 0 ? sb.kv_budget : parse_memory_size(o.kv_memory);
