@@ -38,18 +38,28 @@ std::unique_ptr<BackendSequence> CudaBackend::new_sequence(int64_t capacity) {
 std::vector<float> CudaBackend::forward(std::span<const BackendChunk> chunks) {
   std::vector<DeviceChunk> dc;
   dc.reserve(chunks.size());
-  for (const auto& c : chunks) dc.push_back({&dev_seq(c.seq), c.tokens});
-  std::vector<float> all = model_->forward(dc, false);  // one row per chunk
-  const size_t V = static_cast<size_t>(model_->config().vocab_size);
-  size_t k = 0;
-  for (size_t i = 0; i < chunks.size(); ++i) {
-    if (!chunks[i].want_logits) continue;
-    if (k != i) std::copy(all.begin() + i * V, all.begin() + (i + 1) * V, all.begin() + k * V);
-    ++k;
+  for (const auto& c : chunks) {
+    DeviceSequence& seq = dev_seq(c.seq);
+    // A verify chunk saves the ring rows it overwrites, so accept() can roll the rejected ones back.
+    if (c.verify) seq.begin_verify(static_cast<int64_t>(c.tokens.size()), model_->stream());
+    dc.push_back({&seq, c.tokens, c.verify});
   }
-  all.resize(k * V);
+  std::vector<float> all = model_->forward(dc, false);  // every row of verify chunks, else the last
+  const size_t V = static_cast<size_t>(model_->config().vocab_size);
+  size_t in = 0, out = 0;  // rows read from `all`, rows kept (out <= in: compacted in place)
+  for (const auto& c : chunks) {
+    const size_t rows = c.verify ? c.tokens.size() : 1;
+    if (c.verify || c.want_logits) {
+      if (out != in) std::copy(all.begin() + in * V, all.begin() + (in + rows) * V, all.begin() + out * V);
+      out += rows;
+    }
+    in += rows;
+  }
+  all.resize(out * V);
   return all;
 }
+
+void CudaBackend::accept(BackendSequence& seq, int64_t new_pos) { dev_seq(&seq).truncate(new_pos, model_->stream()); }
 
 std::unique_ptr<BackendSnapshot> CudaBackend::snapshot(const BackendSequence& seq) {
   const auto* c = dynamic_cast<const CudaSequence*>(&seq);

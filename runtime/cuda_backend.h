@@ -13,6 +13,8 @@ class CudaBackend final : public ModelBackend {
   bool fixed_capacity() const override { return true; }
   std::unique_ptr<BackendSequence> new_sequence(int64_t capacity) override;
   std::vector<float> forward(std::span<const BackendChunk> chunks) override;
+  // Rolls a sequence back to new_pos after a verify chunk (DeviceSequence::truncate).
+  void accept(BackendSequence& seq, int64_t new_pos) override;
   std::unique_ptr<BackendSnapshot> snapshot(const BackendSequence& seq) override;
   std::unique_ptr<BackendSequence> restore(const BackendSnapshot& snap, int64_t capacity) override;
 

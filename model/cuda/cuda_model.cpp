@@ -115,7 +115,7 @@ int64_t CudaModel::forward_device(std::span<const DeviceChunk> chunks, bool all_
       DSV4_CHECK(c.tokens[i] >= 0 && c.tokens[i] < V, "token id ", c.tokens[i], " out of range [0, ", V, ")");
       tokens.push_back(c.tokens[i]);
       pos.push_back(c.seq->pos + static_cast<int64_t>(i));
-      if (all_logits || i + 1 == c.tokens.size()) out_rows.push_back(row0 + static_cast<int64_t>(i));
+      if (all_logits || c.every_row || i + 1 == c.tokens.size()) out_rows.push_back(row0 + static_cast<int64_t>(i));
     }
   }
   const int64_t R = static_cast<int64_t>(tokens.size()), O = static_cast<int64_t>(out_rows.size());

@@ -19,6 +19,7 @@ namespace dsv4 {
 struct DeviceChunk {
   DeviceSequence* seq;
   std::span<const int32_t> tokens;  // continue from seq->pos
+  bool every_row = false;           // logits of every token of this chunk even when !all_logits
 };
 
 class CudaModel {

@@ -2,6 +2,8 @@
 // CPU backend, with batching, chunked prefill and prefix-cache hits (device state snapshots).
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "gpu_test.h"
 #include "model/cuda/cuda_model.h"
 #include "model/weights.h"
@@ -63,6 +65,53 @@ TEST(CudaBackend, EngineMatchesCpuBackendWithBatchingAndPrefixHits) {
   const auto got = run_requests(gpu, prompts, 12, 5, &st);
   EXPECT_EQ(got, want);
   EXPECT_GT(st.prefix_hit_tokens, 0) << "the test meant to exercise prefix-cache hits on the GPU";
+}
+
+float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b, size_t begin, size_t n) {
+  float m = 0;
+  for (size_t i = begin; i < begin + n; ++i) {
+    const float d = std::fabs(a[i] - b[i]);
+    if (!(d <= m)) m = d;  // NaN fails
+  }
+  return m;
+}
+
+// A verify chunk batched with a plain one returns every one of its rows, and accept() rolls the
+// rejected tokens back: the sequence then continues exactly like one that never saw them.
+TEST(CudaBackend, VerifyChunkAndAcceptRollBack) {
+  DSV4_REQUIRE_GPU();
+  CudaModel model(load_weights(tiny_dir()), cuda::Precision::Exact);
+  CudaBackend gpu(model);
+  const size_t V = static_cast<size_t>(gpu.config().vocab_size);
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 48; ++i) ids.push_back(3 + (i * 53) % 400);
+  auto run = [&](BackendSequence& s, size_t from, size_t n) {
+    BackendChunk c{&s, std::span<const int32_t>(ids.data() + from, n), true};
+    return gpu.forward(std::span<const BackendChunk>(&c, 1));
+  };
+  for (size_t prompt : {size_t{7}, size_t{15}, size_t{16}, size_t{30}}) {
+    auto seq = gpu.new_sequence(64), other = gpu.new_sequence(64), ref = gpu.new_sequence(64);
+    run(*seq, 0, prompt);
+    run(*other, 0, 5);
+    run(*ref, 0, prompt);
+    const std::vector<float> ref_kept = run(*ref, prompt, 2);
+    // Verify 4 tokens: 2 right, 2 wrong; the plain chunk of `other` shares the call.
+    std::vector<int32_t> draft(ids.begin() + prompt, ids.begin() + prompt + 4);
+    draft[2] = (draft[2] + 1) % static_cast<int32_t>(V);
+    draft[3] = (draft[3] + 2) % static_cast<int32_t>(V);
+    BackendChunk both[2] = {{other.get(), std::span<const int32_t>(ids.data() + 5, 3), true},
+                            {seq.get(), std::span<const int32_t>(draft), false, true}};
+    const std::vector<float> got = gpu.forward(std::span<const BackendChunk>(both, 2));
+    ASSERT_EQ(got.size(), 5 * V);  // 1 row for `other`, 4 for the verify chunk
+    std::vector<float> verify_kept(got.begin() + V, got.begin() + 3 * V);
+    EXPECT_LE(max_abs_diff(verify_kept, ref_kept, 0, 2 * V), 1e-5f) << "prompt " << prompt;
+    gpu.accept(*seq, static_cast<int64_t>(prompt + 2));
+    ASSERT_EQ(seq->pos(), static_cast<int64_t>(prompt + 2));
+    for (size_t t = prompt + 2; t < prompt + 8; ++t) {
+      const std::vector<float> a = run(*seq, t, 1), b = run(*ref, t, 1);
+      ASSERT_LE(max_abs_diff(a, b, 0, V), 1e-5f) << "prompt " << prompt << " step " << t;
+    }
+  }
 }
 
 }  // namespace
