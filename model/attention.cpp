@@ -12,9 +12,6 @@
 
 namespace dsv4 {
 
-namespace {
-
-// Softmax attention of one head over keys (= values) with a sink logit in the denominator.
 void attend(const float* q, const std::vector<const float*>& keys, int64_t D, float scale, float sink, float* o,
             std::vector<float>& logits) {
   logits.resize(keys.size());
@@ -32,8 +29,6 @@ void attend(const float* q, const std::vector<const float*>& keys, int64_t D, fl
     for (int64_t c = 0; c < D; ++c) o[c] += p * k[c];
   }
 }
-
-}  // namespace
 
 void attention_forward(const LayerWeights& L, size_t layer, const ModelConfig& cfg, const RopeFreqs& rope,
                        const BatchRows& batch, const float* u, float* out) {

@@ -7,6 +7,7 @@
 
 #include "backend/cpu/linear.h"
 #include "backend/cuda/ops.h"
+#include "model/attention.h"
 #include "tests/cuda/ops_test_util.h"
 
 namespace dsv4 {
@@ -18,23 +19,6 @@ using cuda::to_host;
 using test::poisoned;
 using test::randn;
 using test::rel_error;
-
-// attend() of model/attention.cpp.
-void attend(const float* q, const std::vector<const float*>& keys, int64_t D, float scale, float sink, float* o) {
-  std::vector<float> logits(keys.size());
-  float mx = sink;
-  for (size_t s = 0; s < keys.size(); ++s) {
-    logits[s] = cpu::dot(q, keys[s], D) * scale;
-    mx = std::max(mx, logits[s]);
-  }
-  float den = std::exp(sink - mx);
-  for (auto& l : logits) den += (l = std::exp(l - mx));
-  std::fill(o, o + D, 0.0f);
-  for (size_t s = 0; s < keys.size(); ++s) {
-    const float p = logits[s] / den;
-    for (int64_t c = 0; c < D; ++c) o[c] += p * keys[s][c];
-  }
-}
 
 enum class Kind { SWA, HCA, CSA };
 
@@ -67,7 +51,9 @@ void run_case(Kind kind, int64_t R, int64_t p0, int64_t H, int64_t D, int64_t W,
         if (sel[r * n_sel + i] >= 0) keys.push_back(entries.data() + int64_t(sel[r * n_sel + i]) * D);
     }
     rows.push_back(a);
-    for (int64_t h = 0; h < H; ++h) attend(q.data() + (r * H + h) * D, keys, D, scale, sink[h], ref.data() + (r * H + h) * D);
+    std::vector<float> scratch;
+    for (int64_t h = 0; h < H; ++h)
+      attend(q.data() + (r * H + h) * D, keys, D, scale, sink[h], ref.data() + (r * H + h) * D, scratch);
   }
   DeviceBuffer drows = to_device(rows);
   cuda::sparse_attention(dq.as<float>(), drows.as<cuda::AttnRow>(), R, H, D, W, dsink.as<float>(), dout.as<float>(),
