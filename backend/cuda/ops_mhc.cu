@@ -89,29 +89,31 @@ __device__ float rms_factor(float ss, int64_t nd, float eps) {
   return 1.0f / sqrtf(static_cast<float>(static_cast<double>(ss) / nd) + eps);
 }
 
-// Twin of dsv4::sinkhorn.
-__device__ void sinkhorn_dev(float* M, int n, int iters, float eps) {
-  for (int j = 0; j < n; ++j) {
-    float mx = M[j * n];
-    for (int k = 1; k < n; ++k) mx = fmaxf(mx, M[j * n + k]);
-    float s = 0;
-    for (int k = 0; k < n; ++k) s += (M[j * n + k] = expf(M[j * n + k] - mx));
-    for (int k = 0; k < n; ++k) M[j * n + k] = M[j * n + k] / s + eps;
-  }
+// Twin of dsv4::sinkhorn, one matrix element per lane (lane = j*n + k < n*n; the whole warp
+// must call it). Every sum gathers its n terms by shuffles and adds them in the CPU's order,
+// so the result has the same bits as the serial loop; the matrix never leaves registers (the
+// former one-thread version kept it in local memory and took ~60 us at n = 4, 20 iterations).
+__device__ float sinkhorn_warp(float m, int n, int iters, float eps) {
+  const int lane = threadIdx.x & 31;
+  const int j = lane / n, k = lane % n;
+  const int row0 = (j * n) & 31;  // lanes past n*n compute garbage that is never stored
+  float mx = __shfl_sync(0xFFFFFFFFu, m, row0);
+  for (int c = 1; c < n; ++c) mx = fmaxf(mx, __shfl_sync(0xFFFFFFFFu, m, (row0 + c) & 31));
+  const float e = expf(m - mx);
+  float s = 0;
+  for (int c = 0; c < n; ++c) s += __shfl_sync(0xFFFFFFFFu, e, (row0 + c) & 31);
+  m = e / s + eps;
   for (int it = 0; it < max(iters, 1); ++it) {  // the CPU twin always normalises columns once
     if (it > 0) {  // row normalise (the first round's rows came from the softmax)
-      for (int j = 0; j < n; ++j) {
-        float s = 0;
-        for (int k = 0; k < n; ++k) s += M[j * n + k];
-        for (int k = 0; k < n; ++k) M[j * n + k] /= (s + eps);
-      }
+      s = 0;
+      for (int c = 0; c < n; ++c) s += __shfl_sync(0xFFFFFFFFu, m, (row0 + c) & 31);
+      m /= (s + eps);
     }
-    for (int k = 0; k < n; ++k) {
-      float s = 0;
-      for (int j = 0; j < n; ++j) s += M[j * n + k];
-      for (int j = 0; j < n; ++j) M[j * n + k] /= (s + eps);
-    }
+    s = 0;
+    for (int r = 0; r < n; ++r) s += __shfl_sync(0xFFFFFFFFu, m, (r * n + k) & 31);
+    m /= (s + eps);
   }
+  return m;
 }
 
 // out[c] = Σ_i coef[i] X[i, c] for one row (coef in shared memory).
@@ -145,18 +147,18 @@ __global__ void hc_pre_finish_kernel(const float* X, HcParams p, int n, int64_t 
   const float* Xr = X + r * n * d;
   gather_mu(ur, n_out, ksplit, mu);
   __syncthreads();
-  if (threadIdx.x == 0) {
+  if (threadIdx.x < 32) {  // warp 0: gates by lane, Sinkhorn one element per lane
+    const int lane = threadIdx.x;
     const float rho = rms_factor(mu[n_out], n * d, rms_eps);
-    for (int i = 0; i < n_out; ++i) mu[i] *= rho;
-    for (int i = 0; i < n; ++i) {
-      s_pre[i] = sigmoidf_(p.scale[0] * mu[i] + p.base[i]) + hc_eps;
-      pre[r * n + i] = s_pre[i];
-      post[r * n + i] = 2.0f * sigmoidf_(p.scale[1] * mu[n + i] + p.base[n + i]);
+    if (lane < n) {
+      s_pre[lane] = sigmoidf_(p.scale[0] * (mu[lane] * rho) + p.base[lane]) + hc_eps;
+      pre[r * n + lane] = s_pre[lane];
+      post[r * n + lane] = 2.0f * sigmoidf_(p.scale[1] * (mu[n + lane] * rho) + p.base[n + lane]);
     }
-    float P[kMaxN * kMaxN];
-    for (int i = 0; i < n * n; ++i) P[i] = p.scale[2] * mu[2 * n + i] + p.base[2 * n + i];
-    sinkhorn_dev(P, n, iters, hc_eps);
-    for (int i = 0; i < n * n; ++i) comb[r * n * n + i] = P[i];
+    const int e = lane < n * n ? lane : 0;
+    const float m0 = p.scale[2] * (mu[2 * n + e] * rho) + p.base[2 * n + e];
+    const float m = sinkhorn_warp(m0, n, iters, hc_eps);
+    if (lane < n * n) comb[r * n * n + lane] = m;
   }
   __syncthreads();
   mix_streams(Xr, s_pre, n, d, ur);
