@@ -7,11 +7,12 @@
 #include "model/attention.h"
 #include "model/mhc.h"
 #include "model/moe.h"
+#include "model/parallel/moe_parallel.h"
 
 namespace dsv4 {
 
 void decoder_block(const LayerWeights& L, size_t layer, const ModelConfig& cfg, const RopeFreqs& rope,
-                   const BatchRows& batch, bool hash, std::vector<float>& X) {
+                   const BatchRows& batch, bool hash, std::vector<float>& X, const RankContext* par) {
   const int64_t R = batch.rows, d = cfg.hidden_size, n = cfg.hc_mult;
   const float eps = static_cast<float>(cfg.rms_norm_eps);
   std::vector<float> u(R * d), F(R * d);
@@ -19,10 +20,15 @@ void decoder_block(const LayerWeights& L, size_t layer, const ModelConfig& cfg, 
   hc_pre(L.hc_attn, cfg, X.data(), R, mix, u.data());
   cpu::rms_norm(u.data(), L.attn_norm.data(), u.data(), R, d, eps);
   attention_forward(L, layer, cfg, rope, batch, u.data(), F.data());
+  if (par && par->tp) par->tp->all_reduce_sum(F.data(), F.size());  // wo_b partial sums of our heads
   hc_post(mix, F.data(), X.data(), R, n, d);
   hc_pre(L.hc_ffn, cfg, X.data(), R, mix, u.data());
   cpu::rms_norm(u.data(), L.ffn_norm.data(), u.data(), R, d, eps);
-  moe_forward(L.ffn, cfg, hash, batch, u.data(), F.data());
+  if (par && par->active()) {
+    moe_forward_parallel(L.ffn, cfg, hash, batch, u.data(), F.data(), *par);
+  } else {
+    moe_forward(L.ffn, cfg, hash, batch, u.data(), F.data());
+  }
   hc_post(mix, F.data(), X.data(), R, n, d);
 }
 

@@ -19,6 +19,8 @@ Model::Model(ModelWeights weights)
       rope_swa_(make_rope_freqs(w_.config, false)),
       rope_compressed_(make_rope_freqs(w_.config, true)) {}
 
+Model::Model(ModelWeights weights, const RankContext& par) : Model(std::move(weights)) { par_ = par; }
+
 std::vector<float> Model::forward(std::span<const SequenceChunk> chunks, bool all_logits, std::vector<float>* hidden) {
   const ModelConfig& cfg = w_.config;
   const int64_t d = cfg.hidden_size, n = cfg.hc_mult, V = cfg.vocab_size;
@@ -49,7 +51,8 @@ std::vector<float> Model::forward(std::span<const SequenceChunk> chunks, bool al
 
   for (size_t li = 0; li < w_.layers.size(); ++li) {
     const LayerWeights& L = w_.layers[li];
-    decoder_block(L, li, cfg, L.kind == AttnKind::SWA ? rope_swa_ : rope_compressed_, b, L.hash, X);
+    decoder_block(L, li, cfg, L.kind == AttnKind::SWA ? rope_swa_ : rope_compressed_, b, L.hash, X,
+                  par_.active() ? &par_ : nullptr);
   }
   for (const auto& s : b.segs) s.state->pos += s.n;
   if (hidden) *hidden = X;

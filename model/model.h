@@ -5,6 +5,7 @@
 #include <span>
 #include <vector>
 
+#include "model/parallel/rank_context.h"
 #include "model/rope.h"
 #include "model/state.h"
 #include "model/weights.h"
@@ -20,6 +21,8 @@ struct SequenceChunk {
 class Model {
  public:
   explicit Model(ModelWeights weights);
+  // One rank of a parallel world: `weights` is its shard, `par` its groups (model/parallel/).
+  Model(ModelWeights weights, const RankContext& par);
   const ModelConfig& config() const { return w_.config; }
   const ModelWeights& weights() const { return w_; }
   SequenceState new_sequence() const { return make_sequence_state(w_.config); }
@@ -34,6 +37,7 @@ class Model {
  private:
   ModelWeights w_;
   RopeFreqs rope_swa_, rope_compressed_;
+  RankContext par_;
 };
 
 }  // namespace dsv4

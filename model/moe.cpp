@@ -10,9 +10,6 @@
 
 namespace dsv4 {
 
-namespace {
-
-// y[rows, d] = W2 (silu(min(W1 x, L)) ⊙ clamp(W3 x, ±L)), optionally scaled per row.
 void swiglu_expert(const ExpertWeights& e, float limit, const float* x, int64_t rows, float* y) {
   const int64_t I = e.w1.out;
   std::vector<float> g(rows * I), v(rows * I);
@@ -28,8 +25,6 @@ void swiglu_expert(const ExpertWeights& e, float limit, const float* x, int64_t 
   }
   cpu::linear(e.w2, g.data(), rows, y);
 }
-
-}  // namespace
 
 Routing route(const MoeWeights& w, const ModelConfig& cfg, bool hash, const BatchRows& batch, const float* u) {
   const int64_t R = batch.rows, E = cfg.n_routed_experts, K = cfg.num_experts_per_tok;

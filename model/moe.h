@@ -15,6 +15,9 @@ struct Routing {
   std::vector<float> weights;    // [R, top_k]
 };
 
+// y[rows, d] = W2 (silu(min(W1 x, L)) ⊙ clamp(W3 x, ±L)) of one expert (limit 0: no clamp).
+void swiglu_expert(const ExpertWeights& e, float limit, const float* x, int64_t rows, float* y);
+
 Routing route(const MoeWeights& w, const ModelConfig& cfg, bool hash, const BatchRows& batch, const float* u);
 
 // u: [R, d] after ffn_norm; out: [R, d].

@@ -78,6 +78,8 @@ struct ModelWeights {
   std::vector<LayerWeights> layers;
   std::vector<MtpWeights> mtp;
   std::shared_ptr<Checkpoint> checkpoint;  // keeps the mmaps alive
+  // Bytes of views that are not in the mmap: a TP rank's column slices (model/parallel).
+  std::vector<std::shared_ptr<const std::vector<uint8_t>>> slices;
 };
 
 // Loads config.json + safetensors from `dir`, validates the inventory, binds views.

@@ -66,6 +66,8 @@ CLI::App* add_serve_command(CLI::App& app, ServeOptions& o) {
       ->capture_default_str();
   s->add_option("--fake-output-file", o.fake_output_file,
                 "TEST ONLY: replay scripted model output from this JSON file instead of running the model");
+  s->add_option("--tp", o.tp, "tensor-parallel degree (attention heads, shared expert)")->capture_default_str();
+  s->add_option("--ep", o.ep, "expert-parallel degree (routed experts)")->capture_default_str();
   return s;
 }
 
@@ -81,6 +83,8 @@ int run_serve(const ServeOptions& o) {
   const std::string dir = o.model_dir;
   const Tokenizer tok = Tokenizer::from_file(dir + "/tokenizer.json");
   BackendChoice bc{o.device, o.precision, o.gpu_memory_utilization, o.speculative_tokens, o.fake_output_file};
+  bc.tp = o.tp;
+  bc.ep = o.ep;
   check_backend_choice(bc);  // before the (slow) weight load
   ServeBackend sb = make_serve_backend(dir, tok, bc);
   ModelBackend* backend = sb.backend.get();

@@ -30,6 +30,7 @@ struct ServeOptions {
   double gpu_memory_utilization = 0.9;
   int64_t speculative_tokens = 0;    // MTP drafts per decode step (CPU)
   std::string fake_output_file;  // TEST ONLY: replay scripted output (server/scripted_backend.h)
+  int tp = 1, ep = 1;            // tensor / expert parallel degrees (CPU: ranks simulated in-process)
 };
 
 // Adds the `serve` subcommand and its options to `app`, writing into `opt`.

@@ -7,6 +7,7 @@
 #include "model/model.h"
 #include "model/weights.h"
 #include "runtime/cpu_backend.h"
+#include "runtime/parallel_cpu_backend.h"
 #include "server/scripted_backend.h"
 
 #ifdef DSV4_HAVE_CUDA
@@ -27,6 +28,10 @@ void check_backend_choice(const BackendChoice& c) {
              c.speculative_tokens);
   DSV4_CHECK(c.fake_output_file.empty() || c.speculative_tokens == 0,
              "--speculative-tokens: the scripted test backend has no MTP module");
+  if (parallel_requested({c.tp, c.ep})) {
+    DSV4_CHECK(c.fake_output_file.empty(), "--fake-output-file replays without a model: drop --tp/--ep");
+    check_parallel_flags({c.tp, c.ep}, c.device, c.speculative_tokens);
+  }
   if (c.device != "cuda") return;
 #ifndef DSV4_HAVE_CUDA
   fail("--device cuda: this build has no CUDA backend (configure with -DDSV4_CUDA=ON)");
@@ -87,6 +92,14 @@ ServeBackend make_serve_backend(const std::string& dir, const Tokenizer& tok, co
     ServeBackend s;
     s.backend = std::make_unique<ScriptedBackend>(load_config(dir + "/config.json"), tok,
                                                   load_script(c.fake_output_file, tok));
+    return s;
+  }
+  if (parallel_requested({c.tp, c.ep})) {
+    auto world = std::make_shared<LocalWorld>(load_weights(dir), ParallelLayout{c.tp, c.ep});
+    std::fprintf(stderr, "dsv4 serve: tp %d ep %d = %d ranks simulated in-process\n", c.tp, c.ep, world->world());
+    ServeBackend s;
+    s.backend = std::make_unique<ParallelCpuBackend>(*world);
+    s.model = world;
     return s;
   }
 #ifdef DSV4_HAVE_CUDA

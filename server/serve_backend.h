@@ -18,6 +18,7 @@ struct BackendChoice {
   double gpu_memory_utilization = 0.9;  // cuda: fraction of device memory weights + KV may take
   int64_t speculative_tokens = 0;      // MTP drafts per step (CPU only for now)
   std::string fake_output_file;        // TEST ONLY: scripted replay
+  int tp = 1, ep = 1;                  // --tp/--ep: a LocalWorld of simulated ranks (CPU)
 };
 
 struct ServeBackend {

@@ -11,6 +11,7 @@
 #include "model/random_checkpoint.h"
 #include "model/weights.h"
 #include "tools/generate.h"
+#include "tools/parallel_generate.h"
 #ifdef DSV4_HAVE_CUDA
 #include "model/cuda/cuda_model.h"
 #include "tools/bench.h"
@@ -85,6 +86,9 @@ int main(int argc, char** argv) {
   std::string gen_precision = "exact";
   int64_t gen_capacity = 4096;
   gen->add_option("--device", gen_device, "cpu or cuda")->capture_default_str();
+  ParallelLayout gen_par;
+  gen->add_option("--tp", gen_par.tp, "tensor-parallel degree (attention heads, shared expert)")->capture_default_str();
+  gen->add_option("--ep", gen_par.ep, "expert-parallel degree (routed experts)")->capture_default_str();
   gen->add_option("--precision", gen_precision, "cuda: exact (fp32) or fast (FP8/FP4 tensor cores)")->capture_default_str();
   gen->add_option("--max-context", gen_capacity, "cuda: per-sequence state capacity in tokens")->capture_default_str();
 
@@ -134,7 +138,10 @@ int main(int argc, char** argv) {
     } else if (*gen) {
       gopt.prompt = parse_ids(gen_ids);
       std::vector<int32_t> out;
-      if (gen_device == "cpu") {
+      if (parallel_requested(gen_par)) {
+        check_parallel_flags(gen_par, gen_device, gopt.speculative_tokens);
+        out = generate_parallel(gen_model, gen_par, gopt);
+      } else if (gen_device == "cpu") {
         Model model(load_weights(gen_model));
         SpecStats ss;
         out = gopt.speculative_tokens > 0 ? generate_speculative(model, gopt, &ss) : generate(model, gopt);
