@@ -1,6 +1,5 @@
 // MTP speculative decoding on the CPU model (spec/model.md §5.6): a sequence carries the
-// target state, the MTP module's state and the target streams the module has not consumed
-// yet. A round is: draft() k times (the first call catches the MTP up on the target's newest
+// target state, the MTP module's state and its feed (model/mtp_feed.h). A round is: draft() k times (the first call catches the MTP up on the target's newest
 // positions, later calls feed its own output streams back), one forward() of the k+1 tokens
 // with verify set (every row's logits, undo recorded), then accept() with the position the
 // acceptance rule reached: rejected tokens and the draft rows are rolled back (state_undo.h).
@@ -12,6 +11,7 @@
 
 #include "model/model.h"
 #include "model/mtp.h"
+#include "model/mtp_feed.h"
 #include "model/state_undo.h"
 
 namespace dsv4 {
@@ -19,13 +19,7 @@ namespace dsv4 {
 struct SpecState {
   SequenceState target, mtp;
   StateUndo target_undo, mtp_undo;
-  // Target streams [rows, hc·d] and input tokens of positions [pend0, target.pos) that the MTP
-  // has not consumed (at most the last window + one round: older ones are never attended).
-  std::vector<float> hidden;
-  std::vector<int32_t> tokens;
-  int64_t pend0 = 0;
-  std::vector<float> draft_streams;  // MTP output streams of the last draft row
-  bool drafting = false;             // draft() ran since the last accept()
+  MtpFeed feed;  // target streams the MTP has not consumed yet, and the draft streams
   size_t bytes() const;
 };
 

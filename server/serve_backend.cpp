@@ -36,7 +36,6 @@ void check_backend_choice(const BackendChoice& c) {
 #ifndef DSV4_HAVE_CUDA
   fail("--device cuda: this build has no CUDA backend (configure with -DDSV4_CUDA=ON)");
 #endif
-  DSV4_CHECK(c.speculative_tokens == 0, "--speculative-tokens: speculative decoding is CPU-only for now (use --device cpu)");
   DSV4_CHECK(c.fake_output_file.empty(), "--fake-output-file replays on the CPU: drop --device cuda");
   DSV4_CHECK(c.gpu_memory_utilization > 0 && c.gpu_memory_utilization <= 1,
              "--gpu-memory-utilization must be in (0, 1], got ", c.gpu_memory_utilization);
@@ -44,11 +43,16 @@ void check_backend_choice(const BackendChoice& c) {
 
 namespace {
 
-ServeBackend cpu_backend(const std::string& dir, const BackendChoice& c) {
-  ModelWeights w = load_weights(dir);
+// Speculative decoding needs the checkpoint's MTP module.
+void check_mtp_weights(const ModelWeights& w, const std::string& dir, const BackendChoice& c) {
   DSV4_CHECK(c.speculative_tokens == 0 || !w.mtp.empty(), "--speculative-tokens ", c.speculative_tokens, ": ", dir,
              " has no mtp.* weights (num_nextn_predict_layers = ", w.config.num_nextn_predict_layers,
              "); MTP speculative decoding needs them");
+}
+
+ServeBackend cpu_backend(const std::string& dir, const BackendChoice& c) {
+  ModelWeights w = load_weights(dir);
+  check_mtp_weights(w, dir, c);
   auto model = std::make_shared<Model>(std::move(w));
   ServeBackend s;
   s.backend = std::make_unique<CpuBackend>(*model, c.speculative_tokens > 0);
@@ -69,14 +73,15 @@ ServeBackend cuda_backend(const std::string& dir, const BackendChoice& c) {
   const cudaError_t err = cudaGetDeviceCount(&devices);
   DSV4_CHECK(err == cudaSuccess && devices > 0, "--device cuda: no usable CUDA device (",
              err == cudaSuccess ? "none found" : cudaGetErrorString(err), ")");
-  auto parts = std::make_shared<CudaParts>(load_weights(dir),
-                                           c.precision == "fast" ? cuda::Precision::Fast : cuda::Precision::Exact);
+  ModelWeights w = load_weights(dir);
+  check_mtp_weights(w, dir, c);
+  auto parts = std::make_shared<CudaParts>(std::move(w), c.precision == "fast" ? cuda::Precision::Fast : cuda::Precision::Exact);
   // The budget is what the utilization target leaves once the weights are resident.
   size_t free_b = 0, total_b = 0;
   DSV4_CHECK(cudaMemGetInfo(&free_b, &total_b) == cudaSuccess, "--device cuda: cudaMemGetInfo failed");
   ServeBackend s;
   s.kv_budget = gpu_kv_budget(total_b, total_b - free_b, c.gpu_memory_utilization);
-  s.backend = std::make_unique<CudaBackend>(parts->model);
+  s.backend = std::make_unique<CudaBackend>(parts->model, c.speculative_tokens > 0);
   s.model = parts;
   return s;
 }

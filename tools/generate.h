@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "model/model.h"
+#include "runtime/backend.h"
 
 namespace dsv4 {
 
@@ -38,6 +39,8 @@ std::vector<int32_t> generate(Model& model, const GenerateOptions& opt);
 // tokens of plain decoding; sampled tokens follow the same distribution (rejection rule,
 // runtime/spec_accept.h) but come from other uniforms, so a seed gives other tokens.
 std::vector<int32_t> generate_speculative(Model& model, const GenerateOptions& opt, SpecStats* stats = nullptr);
+// The same through any backend with an MTP module (CpuBackend, CudaBackend).
+std::vector<int32_t> generate_speculative(ModelBackend& backend, const GenerateOptions& opt, SpecStats* stats = nullptr);
 
 // Picks a token from logits: argmax when temperature == 0, else seeded top-k/top-p sampling.
 int32_t sample_token(const float* logits, int64_t vocab, const GenerateOptions& opt, uint64_t step);

@@ -14,6 +14,7 @@
 #include "tools/parallel_generate.h"
 #ifdef DSV4_HAVE_CUDA
 #include "model/cuda/cuda_model.h"
+#include "runtime/cuda_backend.h"
 #include "tools/bench.h"
 #endif
 #ifdef DSV4_HAVE_SERVER
@@ -50,6 +51,13 @@ std::string default_model_dir() {
 #else
   return "models/tiny";
 #endif
+}
+
+void print_spec_stats(const SpecStats& ss) {
+  if (ss.rounds > 0)
+    std::fprintf(stderr, "speculative: %lld rounds, %lld/%lld drafts accepted (%.1f%%)\n",
+                 static_cast<long long>(ss.rounds), static_cast<long long>(ss.accepted),
+                 static_cast<long long>(ss.drafted), 100.0 * ss.acceptance());
 }
 
 }  // namespace
@@ -145,23 +153,27 @@ int main(int argc, char** argv) {
         Model model(load_weights(gen_model));
         SpecStats ss;
         out = gopt.speculative_tokens > 0 ? generate_speculative(model, gopt, &ss) : generate(model, gopt);
-        if (ss.rounds > 0)
-          std::fprintf(stderr, "speculative: %lld rounds, %lld/%lld drafts accepted (%.1f%%)\n",
-                       static_cast<long long>(ss.rounds), static_cast<long long>(ss.accepted),
-                       static_cast<long long>(ss.drafted), 100.0 * ss.acceptance());
+        print_spec_stats(ss);
       } else if (gen_device == "cuda") {
 #ifdef DSV4_HAVE_CUDA
-        DSV4_CHECK(gopt.speculative_tokens == 0, "--speculative-tokens: not on the CUDA backend yet");
         DSV4_CHECK(gen_precision == "exact" || gen_precision == "fast", "--precision ", gen_precision,
                    ": unsupported (exact or fast)");
         ModelWeights w = load_weights(gen_model);
         CudaModel model(w, gen_precision == "fast" ? cuda::Precision::Fast : cuda::Precision::Exact);
-        DeviceSequence seq = model.new_sequence(gen_capacity);
-        auto feed = [&](std::span<const int32_t> toks) {
-          DeviceChunk c{&seq, toks};
-          return model.forward(std::span<const DeviceChunk>(&c, 1), false);
-        };
-        out = generate(feed, w.config.vocab_size, static_cast<int32_t>(w.config.eos_token_id), gopt);
+        if (gopt.speculative_tokens > 0) {
+          DSV4_CHECK(model.has_mtp(), "--speculative-tokens: ", gen_model, " has no mtp.* weights");
+          CudaBackend backend(model, true);
+          SpecStats ss;
+          out = generate_speculative(backend, gopt, &ss);
+          print_spec_stats(ss);
+        } else {
+          DeviceSequence seq = model.new_sequence(gen_capacity);
+          auto feed = [&](std::span<const int32_t> toks) {
+            DeviceChunk c{&seq, toks};
+            return model.forward(std::span<const DeviceChunk>(&c, 1), false);
+          };
+          out = generate(feed, w.config.vocab_size, static_cast<int32_t>(w.config.eos_token_id), gopt);
+        }
 #else
         fail("--device cuda: this build has no CUDA backend (configure with -DDSV4_CUDA=ON)");
 #endif

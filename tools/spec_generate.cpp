@@ -1,9 +1,9 @@
 // generate_speculative: prefill, then rounds of k MTP drafts + one verify forward of k+1
-// tokens on the CPU model, accepting by the rule of runtime/spec_accept.h.
+// tokens through a ModelBackend (CPU or CUDA), accepting by the rule of runtime/spec_accept.h.
 #include <algorithm>
 
 #include "core/error.h"
-#include "model/speculative.h"
+#include "runtime/cpu_backend.h"
 #include "runtime/sampler.h"
 #include "runtime/spec_accept.h"
 #include "tools/generate.h"
@@ -25,19 +25,24 @@ struct Picker {
 }  // namespace
 
 std::vector<int32_t> generate_speculative(Model& model, const GenerateOptions& opt, SpecStats* stats) {
+  CpuBackend backend(model, true);
+  return generate_speculative(backend, opt, stats);
+}
+
+std::vector<int32_t> generate_speculative(ModelBackend& backend, const GenerateOptions& opt, SpecStats* stats) {
   DSV4_CHECK(!opt.prompt.empty(), "generate: empty prompt");
   DSV4_CHECK(opt.speculative_tokens >= 1 && opt.speculative_tokens <= 16, "--speculative-tokens must be in [1, 16]");
-  const ModelConfig& cfg = model.config();
+  DSV4_CHECK(backend.has_mtp(), "--speculative-tokens: the backend has no MTP module");
+  const ModelConfig& cfg = backend.config();
   const size_t V = static_cast<size_t>(cfg.vocab_size);
-  SpecModel spec(model, true);
-  SpecState st = spec.new_state();
+  auto seq = backend.new_sequence(static_cast<int64_t>(opt.prompt.size()) + opt.max_new_tokens + opt.speculative_tokens + 1);
   Picker pk{{}, opt.seed};
   pk.sp.temperature = opt.temperature;
   pk.sp.top_p = opt.top_p;
   pk.sp.top_k = opt.top_k;
   auto feed = [&](std::span<const int32_t> toks, bool verify) {
-    SpecChunk c{&st, toks, verify};
-    return spec.forward(std::span<const SpecChunk>(&c, 1));
+    BackendChunk c{seq.get(), toks, true, verify};
+    return backend.forward(std::span<const BackendChunk>(&c, 1));
   };
   auto pick = [&](const float* l, uint64_t step) {
     return pk.greedy() ? pk.argmax(l, V) : draw_token(pk.dist(l, V), sampling_uniform(pk.seed, step));
@@ -64,9 +69,9 @@ std::vector<int32_t> generate_speculative(Model& model, const GenerateOptions& o
     std::vector<int32_t> verify{out.back()};
     std::vector<std::vector<double>> q;
     for (int64_t j = 1; j <= k; ++j) {
-      SpecState* sp = &st;
+      BackendSequence* sp = seq.get();
       const int32_t last = verify.back();
-      std::vector<float> dl = spec.draft(std::span<SpecState* const>(&sp, 1), std::span<const int32_t>(&last, 1));
+      std::vector<float> dl = backend.draft(std::span<BackendSequence* const>(&sp, 1), std::span<const int32_t>(&last, 1));
       if (pk.greedy()) {
         verify.push_back(pk.argmax(dl.data(), V));
       } else {
@@ -74,7 +79,7 @@ std::vector<int32_t> generate_speculative(Model& model, const GenerateOptions& o
         verify.push_back(draw_token(q.back(), sampling_uniform(spec_seed(pk.seed, kSaltDraft), g + j - 1)));
       }
     }
-    const int64_t p0 = st.target.pos;
+    const int64_t p0 = seq->pos();
     std::vector<float> rows = feed(verify, true);
     int64_t kept = 0;
     for (int64_t j = 0; j <= k; ++j) {
@@ -98,7 +103,7 @@ std::vector<int32_t> generate_speculative(Model& model, const GenerateOptions& o
       if (!ok) break;
       ++kept;
     }
-    spec.accept(st, p0 + 1 + kept);
+    backend.accept(*seq, p0 + 1 + kept);
     ++local.rounds;
     local.drafted += k;
     local.accepted += kept;

@@ -14,6 +14,12 @@ __global__ void gather_kernel(const float* src, const int64_t* idx, int64_t widt
   float* d = dst + int64_t(blockIdx.x) * width;
   for (int64_t c = threadIdx.x; c < width; c += blockDim.x) d[c] = s[c];
 }
+__global__ void add_row_broadcast_kernel(float* x, const float* b, int64_t copies, int64_t width) {
+  const int64_t r = blockIdx.x / copies;
+  float* xr = x + int64_t(blockIdx.x) * width;
+  const float* br = b + r * width;
+  for (int64_t c = threadIdx.x; c < width; c += blockDim.x) xr[c] += br[c];
+}
 }  // namespace
 
 void scale_inplace(float* x, int64_t n, float a, cudaStream_t s) {
@@ -27,6 +33,12 @@ void scale_inplace(float* x, int64_t n, float a, cudaStream_t s) {
 void gather_rows(const float* src, const int64_t* idx, int64_t n, int64_t width, float* dst, cudaStream_t s) {
   if (n == 0) return;
   gather_kernel<<<static_cast<unsigned>(n), 256, 0, s>>>(src, idx, width, dst);
+  DSV4_CUDA_LAUNCH_CHECK();
+}
+
+void add_row_broadcast(float* x, const float* b, int64_t rows, int64_t copies, int64_t width, cudaStream_t s) {
+  if (rows * copies == 0) return;
+  add_row_broadcast_kernel<<<static_cast<unsigned>(rows * copies), 256, 0, s>>>(x, b, copies, width);
   DSV4_CUDA_LAUNCH_CHECK();
 }
 

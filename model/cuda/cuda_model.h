@@ -16,6 +16,17 @@
 
 namespace dsv4 {
 
+struct CallBlob;
+struct CallSegment;
+
+// One MTP chunk: rows at state->pos…, their input streams (host, [rows, hc_mult · hidden]) and
+// token t+1 of each row (model/mtp.h is the CPU twin).
+struct DeviceMtpChunk {
+  DeviceSequence* state;
+  const float* streams;
+  std::span<const int32_t> next;
+};
+
 struct DeviceChunk {
   DeviceSequence* seq;
   std::span<const int32_t> tokens;  // continue from seq->pos
@@ -40,12 +51,32 @@ class CudaModel {
   int64_t forward_device(std::span<const DeviceChunk> chunks, bool all_logits, const float** logits,
                          std::vector<float>* hidden = nullptr);
   cudaStream_t stream() const { return stream_; }
+
+  // The MTP module (spec/model.md §5.6), when the checkpoint has mtp.0.*: its own state (one SWA
+  // layer) and a forward returning logits for token t+2 (every row when all_logits, else each
+  // chunk's last), with the block's output streams of those rows in out_streams.
+  bool has_mtp() const { return !dw_.mtp.empty(); }
+  DeviceSequence new_mtp_sequence(int64_t capacity) const;
+  std::vector<float> mtp_forward(std::span<const DeviceMtpChunk> chunks, bool all_logits,
+                                 std::vector<float>* out_streams = nullptr);
   // Tests: fill every scratch buffer with NaN bytes before each call, so a kernel that leaves
   // an element unwritten shows up as NaN in the logits.
   void set_poison(bool on) { poison_ = on; }
 
  private:
   struct Workspace;
+  struct Rows;
+  struct LayerDesc;
+  struct Acts;
+  Rows gather_rows_of(std::span<const DeviceChunk> chunks, bool all_logits) const;
+  Acts scratch(int64_t rows);
+  LayerDesc describe_layer(const DeviceLayer& L, size_t li, const Rows& rows, const Acts& a, CallBlob& blob) const;
+  void upload_blob(const CallBlob& blob, Acts& a);
+  void run_layer(const DeviceLayer& L, size_t li, const float* rope, const LayerDesc& ld, const Rows& rows,
+                 const Acts& a);
+  const float* head(const cuda::HcParams& hc, const float* norm, const Rows& rows, const Acts& a,
+                    std::vector<float>* out_streams);
+  void poison_workspace();
   void linear(const WeightView& w, const float* x, int64_t rows, float* y, int64_t row_begin = 0,
               int64_t row_end = -1, int64_t ldx = -1, int64_t ldy = -1, bool exact = false);
 

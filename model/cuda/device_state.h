@@ -44,6 +44,8 @@ class DeviceSequence {
   // The largest n begin_verify takes: no ring row may be written twice by one verify, since only
   // its pre-verify content is saved (the smallest ring: W, or m rows for HCA).
   int64_t max_verify_tokens() const { return max_verify_; }
+  // Position of the pending verify's first saved row; -1 when none is pending.
+  int64_t verify_start() const { return undo_p0_; }
 
  private:
   int64_t capacity_;

@@ -36,12 +36,21 @@ struct DeviceLayer {
   WeightView shared_w1, shared_w2, shared_w3;
 };
 
+// The MTP module mtp.0 (spec/model.md §5.6): its decoder block runs like a main SWA layer.
+struct DeviceMtp {
+  DeviceLayer block;
+  WeightView e_proj, h_proj;
+  const float *enorm = nullptr, *hnorm = nullptr, *norm = nullptr;
+  cuda::HcParams hc_head{};
+};
+
 struct DeviceWeights {
   ModelConfig config;
   WeightView embed, head;
   const float* norm = nullptr;
   cuda::HcParams hc_head{};
   std::vector<DeviceLayer> layers;
+  std::vector<DeviceMtp> mtp;  // empty when the checkpoint has no mtp.* tensors
   const float *rope_swa = nullptr, *rope_compressed = nullptr;  // inv_freq tables
   size_t bytes = 0;                                             // device bytes held
   std::vector<cuda::DeviceBuffer> storage;

@@ -1,5 +1,7 @@
 // The serving engine over the CUDA backend (exact path) gives the same greedy tokens as over the
-// CPU backend, with batching, chunked prefill and prefix-cache hits (device state snapshots).
+// CPU backend, with batching, chunked prefill and prefix-cache hits (device state snapshots);
+// MTP speculation on the device leaves greedy outputs unchanged for k = 1..3 and sampled outputs
+// follow the target's law (tests/runtime/spec_engine_checks.h, shared with the CPU tests).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,6 +12,7 @@
 #include "runtime/cpu_backend.h"
 #include "runtime/cuda_backend.h"
 #include "runtime/engine.h"
+#include "../runtime/spec_engine_checks.h"
 
 namespace dsv4 {
 namespace {
@@ -94,7 +97,11 @@ TEST(CudaBackend, VerifyChunkAndAcceptRollBack) {
     run(*seq, 0, prompt);
     run(*other, 0, 5);
     run(*ref, 0, prompt);
-    const std::vector<float> ref_kept = run(*ref, prompt, 2);
+    // The reference feeds the two kept tokens one at a time: one logits row each.
+    std::vector<float> ref_kept = run(*ref, prompt, 1);
+    const std::vector<float> ref_second = run(*ref, prompt + 1, 1);
+    ref_kept.insert(ref_kept.end(), ref_second.begin(), ref_second.end());
+    ASSERT_EQ(ref_kept.size(), 2 * V);
     // Verify 4 tokens: 2 right, 2 wrong; the plain chunk of `other` shares the call.
     std::vector<int32_t> draft(ids.begin() + prompt, ids.begin() + prompt + 4);
     draft[2] = (draft[2] + 1) % static_cast<int32_t>(V);
@@ -112,6 +119,57 @@ TEST(CudaBackend, VerifyChunkAndAcceptRollBack) {
       ASSERT_LE(max_abs_diff(a, b, 0, V), 1e-5f) << "prompt " << prompt << " step " << t;
     }
   }
+}
+
+Model& cpu_tiny() {
+  static Model m(load_weights(tiny_dir()));
+  return m;
+}
+
+TEST(CudaBackend, SpeculativeGreedyEqualsPlainAndCpuSpeculation) {
+  DSV4_REQUIRE_GPU();
+  CudaModel model(load_weights(tiny_dir()), cuda::Precision::Exact);
+  model.set_poison(true);
+  const std::vector<Request> reqs = test::greedy_spec_requests();
+  EngineOptions base;
+  base.kv_memory_bytes = size_t{256} << 20;
+  base.limits.max_batch = 4;
+  base.limits.prefill_chunk = 5;
+  base.prefix_block = 8;
+  CudaBackend plain_be(model);
+  Engine plain(plain_be, base);
+  const auto want = test::run_engine(plain, reqs);
+  for (int64_t k = 1; k <= 3; ++k) {
+    EngineOptions o = base;
+    o.speculative_tokens = k;
+    CudaBackend be(model, true);
+    Engine e(be, o);
+    EXPECT_EQ(test::run_engine(e, reqs), want) << "k " << k;
+    const EngineStats s = e.stats();
+    EXPECT_GT(s.spec_accepted_tokens, 0);
+    EXPECT_LT(s.spec_accepted_tokens, s.spec_draft_tokens);
+    EXPECT_GT(s.prefix_hit_tokens, 0);
+    // The CPU engine drafts the same tokens: equal acceptance counts.
+    CpuBackend cpu_be(cpu_tiny(), true);
+    Engine cpu(cpu_be, o);
+    EXPECT_EQ(test::run_engine(cpu, reqs), want) << "cpu k " << k;
+    EXPECT_EQ(cpu.stats().spec_accepted_tokens, s.spec_accepted_tokens) << "k " << k;
+    EXPECT_EQ(cpu.stats().spec_draft_tokens, s.spec_draft_tokens) << "k " << k;
+    std::printf("  cuda engine greedy k=%lld: %lld/%lld drafts accepted\n", static_cast<long long>(k),
+                static_cast<long long>(s.spec_accepted_tokens), static_cast<long long>(s.spec_draft_tokens));
+  }
+}
+
+TEST(CudaBackend, SpeculativeSamplingFollowsTheTargetDistribution) {
+  DSV4_REQUIRE_GPU();
+  CudaModel model(load_weights(tiny_dir()), cuda::Precision::Exact);
+  auto target = [&model](const std::vector<int32_t>& ctx) {
+    DeviceSequence seq = model.new_sequence(static_cast<int64_t>(ctx.size()));
+    DeviceChunk c{&seq, ctx};
+    return model.forward(std::span<const DeviceChunk>(&c, 1), false);
+  };
+  CudaBackend be(model, true);
+  test::check_spec_sampling(target, be, test::spec_prompt(9, 3), "cuda engine");
 }
 
 }  // namespace
