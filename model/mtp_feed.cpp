@@ -7,15 +7,19 @@
 namespace dsv4 {
 
 void MtpFeed::push(int64_t p0, std::span<const int32_t> tokens, const float* rows) {
-  // Positions before p0 - window can no longer be attended by a draft.
-  const int64_t drop = std::clamp<int64_t>(p0 - window_ - pend0_, 0, static_cast<int64_t>(tokens_.size()));
+  DSV4_CHECK(pend0_ + static_cast<int64_t>(tokens_.size()) == p0, "MTP feed: target forward at ", p0,
+             " does not continue the queued positions");
+  // A draft only attends the last window of positions: keep at most that many rows, so a long
+  // prefill chunk costs window rows here, not its length.
+  const int64_t n = static_cast<int64_t>(tokens.size()), from = p0 + n - window_;
+  const int64_t drop = std::clamp<int64_t>(from - pend0_, 0, static_cast<int64_t>(tokens_.size()));
   hidden_.erase(hidden_.begin(), hidden_.begin() + drop * hd_);
   tokens_.erase(tokens_.begin(), tokens_.begin() + drop);
   pend0_ += drop;
-  DSV4_CHECK(pend0_ + static_cast<int64_t>(tokens_.size()) == p0, "MTP feed: target forward at ", p0,
-             " does not continue the queued positions");
-  hidden_.insert(hidden_.end(), rows, rows + tokens.size() * hd_);
-  tokens_.insert(tokens_.end(), tokens.begin(), tokens.end());
+  const int64_t skip = tokens_.empty() ? std::clamp<int64_t>(from - p0, 0, n) : 0;
+  if (tokens_.empty()) pend0_ = p0 + skip;
+  hidden_.insert(hidden_.end(), rows + skip * hd_, rows + n * hd_);
+  tokens_.insert(tokens_.end(), tokens.begin() + skip, tokens.end());
 }
 
 MtpFeed::Step MtpFeed::step(int64_t target_pos, int64_t mtp_pos, int32_t token) const {

@@ -17,7 +17,7 @@ class MtpFeed {
   MtpFeed(int64_t row_floats, int64_t window) : hd_(row_floats), window_(window) {}
 
   // After a target forward of `tokens` that started at p0: queue their streams (`rows`, one
-  // per token, hd floats each).
+  // per token, hd floats each). At most the last `window` positions stay queued.
   void push(int64_t p0, std::span<const int32_t> tokens, const float* rows);
 
   // A draft step's input for one sequence.
@@ -37,6 +37,10 @@ class MtpFeed {
   void accept(int64_t new_pos);
 
   bool drafting() const { return drafting_; }
+  // The most bytes() can reach: window rows and their tokens, plus one row of draft streams.
+  static size_t max_bytes(int64_t row_floats, int64_t window) {
+    return sizeof(float) * static_cast<size_t>(window * (row_floats + 1) + row_floats);
+  }
   size_t bytes() const { return sizeof(float) * (hidden_.size() + tokens_.size() + draft_streams_.size()); }
 
  private:

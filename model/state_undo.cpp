@@ -18,7 +18,29 @@ StateLayout mtp_layout(const ModelConfig& cfg) {
 namespace {
 
 void pin(CompressorState& c, int64_t at) { c.pin = std::min(c.pin, at); }
-void unpin(CompressorState& c) { c.pin = std::numeric_limits<int64_t>::max(); }
+
+// Unpins, and drops the rows an unpinned run at `pos` would no longer hold (model/compressor.cpp:
+// the open window, plus the previous one for CSA's overlap). Without this the next verify
+// would pin them again and speculation would keep every row it ever saw.
+void unpin(CompressorState& c, int64_t pos, int64_t m, bool overlap) {
+  c.pin = std::numeric_limits<int64_t>::max();
+  if (m <= 0 || c.a.empty()) return;
+  const int64_t width = static_cast<int64_t>(c.a.size()) / (pos - c.start), next_w = pos / m;
+  const int64_t keep = std::max<int64_t>(0, (overlap ? next_w - 1 : next_w) * m);
+  if (keep <= c.start) return;
+  const int64_t drop = (keep - c.start) * width;
+  c.a.erase(c.a.begin(), c.a.begin() + drop);
+  c.z.erase(c.z.begin(), c.z.begin() + drop);
+  c.start = keep;
+}
+
+void unpin_layers(SequenceState& st, const StateLayout& lay, int64_t pos) {
+  for (size_t l = 0; l < st.layers.size(); ++l) {
+    const bool csa = lay.kinds[l] == AttnKind::CSA;
+    unpin(st.layers[l].cmp, pos, lay.ratios[l], csa);
+    unpin(st.layers[l].idx_cmp, pos, lay.ratios[l], csa);
+  }
+}
 
 }  // namespace
 
@@ -64,26 +86,15 @@ void undo_truncate(StateUndo& u, SequenceState& st, const StateLayout& lay, int6
       if (lay.kinds[l] == AttnKind::CSA) L.idx_keys.resize(static_cast<size_t>(new_pos / m * lay.index_head_dim));
     }
     for (CompressorState* c : {&L.cmp, &L.idx_cmp}) {
-      if (c->a.empty()) {
-        unpin(*c);
-        continue;
-      }
+      if (c->a.empty()) continue;
       const size_t width = c->a.size() / static_cast<size_t>(st.pos - c->start);  // rows are [start, pos)
       DSV4_CHECK(c->start <= new_pos, "undo: compressor rows before ", new_pos, " were dropped");
       c->a.resize(static_cast<size_t>(new_pos - c->start) * width);
       c->z.resize(c->a.size());
-      unpin(*c);
     }
   }
   st.pos = new_pos;
-  u = StateUndo{};
-}
-
-void undo_commit(StateUndo& u, SequenceState& st) {
-  for (auto& L : st.layers) {
-    unpin(L.cmp);
-    unpin(L.idx_cmp);
-  }
+  unpin_layers(st, lay, new_pos);
   u = StateUndo{};
 }
 

@@ -31,9 +31,7 @@ struct StateUndo {
 // Call before a forward of n tokens on st: saves the ring slots it will write, pins compressor rows.
 void undo_record(StateUndo& u, SequenceState& st, const StateLayout& lay, int64_t n);
 // Back to new_pos (u.pos0 <= new_pos <= st.pos): bitwise the state a run that stopped at new_pos
-// would have (up to compressor rows kept longer, which are never read). Clears u.
+// would have, compressor rows included (the pinned rows it no longer needs are dropped). Clears u.
 void undo_truncate(StateUndo& u, SequenceState& st, const StateLayout& lay, int64_t new_pos);
-// Keeps everything recorded; unpins the compressor rows (the next forward drops them).
-void undo_commit(StateUndo& u, SequenceState& st);
 
 }  // namespace dsv4

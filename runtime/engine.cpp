@@ -34,7 +34,7 @@ void emit(const EngineRequest& r, const TokenEvent& e) {
 Engine::Engine(ModelBackend& backend, EngineOptions opt)
     : backend_(&backend),
       opt_(opt),
-      budget_(state_costs(backend.config()), opt.kv_memory_bytes, opt.page_entries),
+      budget_(state_costs(backend.config(), opt.speculative_tokens), opt.kv_memory_bytes, opt.page_entries),
       cache_(opt.prefix_cache ? std::make_unique<PrefixCache>(budget_, opt.prefix_block) : nullptr),
       sched_(opt.limits, backend, budget_, cache_.get()) {
   // Like vLLM: one sequence of max_model_len must fit in the budget. Unset, it shrinks to fit.

@@ -6,6 +6,7 @@
 #include <map>
 
 #include "core/error.h"
+#include "model/mtp_feed.h"
 
 namespace dsv4 {
 
@@ -20,7 +21,7 @@ int64_t pending_rows(int64_t t, int64_t m, bool overlap) {
 }
 }  // namespace
 
-StateCosts state_costs(const ModelConfig& cfg) {
+StateCosts state_costs(const ModelConfig& cfg, int64_t speculative_tokens) {
   cfg.validate();
   StateCosts c;
   const size_t D = static_cast<size_t>(cfg.head_dim), dI = static_cast<size_t>(cfg.index_head_dim);
@@ -43,6 +44,17 @@ StateCosts state_costs(const ModelConfig& cfg) {
     c.pending_overlap.push_back(csa);
     c.pending_max_bytes += static_cast<size_t>(csa ? 2 * m - 1 : m - 1) * row;
   }
+  if (speculative_tokens > 0) {
+    const int64_t n = speculative_tokens + 1;
+    c.mtp_bytes = static_cast<size_t>(cfg.sliding_window) * D * kF32 +
+                  MtpFeed::max_bytes(cfg.hc_mult * cfg.hidden_size, cfg.sliding_window);
+    for (size_t i = 0; i < c.pending_ratio.size(); ++i) {
+      const int64_t m = c.pending_ratio[i];
+      c.verify_bytes += static_cast<size_t>(m * ((n + m - 1) / m)) * c.pending_row_bytes[i];
+    }
+    // Saved ring slots: the target's n rows of every layer, the module's k feedback rows.
+    c.verify_bytes += static_cast<size_t>(n * cfg.num_layers + speculative_tokens) * D * kF32;
+  }
   for (const auto& [key, b] : entry) {
     const bool csa = key.first == static_cast<int>(AttnKind::CSA);
     c.kinds.push_back({std::string(csa ? "csa" : "hca") + "-entries/m" + std::to_string(key.second), key.second, b});
@@ -52,7 +64,7 @@ StateCosts state_costs(const ModelConfig& cfg) {
 }
 
 size_t StateCosts::bytes_at(int64_t t) const {
-  size_t n = window_bytes;
+  size_t n = window_bytes + mtp_bytes + verify_bytes;
   for (size_t i = 0; i < pending_ratio.size(); ++i)
     n += static_cast<size_t>(pending_rows(t, pending_ratio[i], pending_overlap[i])) * pending_row_bytes[i];
   for (const auto& k : kinds) n += static_cast<size_t>(t / k.ratio) * k.entry_bytes;

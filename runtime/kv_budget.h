@@ -1,6 +1,7 @@
 // Memory accounting for per-sequence state (spec/model.md §6), computed from the config:
 //   fixed per sequence : window rings of every layer + the largest possible compressor pending
-//                        rows (open window, and for CSA the previous window for the overlap);
+//                        rows (open window, and for CSA the previous window for the overlap)
+//                        + with MTP speculation, the module's ring and stream feed;
 //   per token, per kind: CSA entries, CSA indexer keys, HCA entries (one per m tokens).
 // One byte budget covers all kinds. Growth is page-granular: a page of a kind holds
 // `page_entries` entries of every layer of that kind, so admission/growth/release touch a
@@ -31,14 +32,21 @@ struct StateCosts {
   std::vector<size_t> pending_row_bytes;  // per compressing layer: bytes of one pending row (a + z, incl. indexer)
   std::vector<bool> pending_overlap;      // per compressing layer: CSA keeps the previous window too
 
-  size_t fixed_bytes() const { return window_bytes + pending_max_bytes; }
+  // MTP speculation with k drafts (state_costs(cfg, k)): the module's own window ring plus its
+  // feed of target streams (model/mtp_feed.h, at most a window of rows); and what a verify
+  // forward of k + 1 tokens holds until accept(): compressor rows of windows that closed during
+  // it (pinned for a rollback, ≤ m·ceil((k+1)/m) rows per compressor) and the saved ring slots
+  // (state_undo.h). 0 without speculation.
+  size_t mtp_bytes = 0, verify_bytes = 0;
+
+  size_t fixed_bytes() const { return window_bytes + pending_max_bytes + mtp_bytes + verify_bytes; }
   // Exactly what a SequenceState holds after `tokens` tokens.
   size_t bytes_at(int64_t tokens) const;
   // Average per-token bytes of the growing kinds (for reports).
   double bytes_per_token() const;
 };
 
-StateCosts state_costs(const ModelConfig& cfg);
+StateCosts state_costs(const ModelConfig& cfg, int64_t speculative_tokens = 0);
 
 // Parses "1073741824", "1GiB", "512MiB", "1.5G", "64K" (binary units; B optional).
 size_t parse_memory_size(const std::string& text);

@@ -1,6 +1,7 @@
 // Rollback after speculative verification (model/state_undo.h): truncating a verified chunk back
 // to any position, then continuing, gives bitwise the logits of a run that never saw the
-// rejected tokens — across window-ring wrap, closing HCA/CSA entries and indexer keys.
+// rejected tokens, and the same state bytes (compressor rows included) — across window-ring
+// wrap, closing HCA/CSA entries and indexer keys.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -41,10 +42,16 @@ TEST(StateUndo, TruncateThenContinueIsBitwiseTheUnspeculatedRun) {
         run(m, st, chunk, true);
         undo_truncate(u, st, lay, p + keep);
         ASSERT_EQ(st.pos, p + keep);
-        std::vector<float> got = run(m, st, std::span<const int32_t>(ids.data() + p + keep, 12), true);
-
         SequenceState ref = m.new_sequence();
         run(m, ref, std::span<const int32_t>(ids.data(), p + keep), false);
+        // The compressor rows too: no pinned row outlives the round.
+        for (size_t l = 0; l < st.layers.size(); ++l)
+          for (auto [a, b] : {std::pair{&st.layers[l].cmp, &ref.layers[l].cmp}, {&st.layers[l].idx_cmp, &ref.layers[l].idx_cmp}}) {
+            EXPECT_EQ(a->start, b->start) << "layer " << l << " p " << p << " n " << n << " keep " << keep;
+            EXPECT_TRUE(same_bits(a->a, b->a) && same_bits(a->z, b->z)) << "layer " << l;
+          }
+        EXPECT_EQ(st.bytes(), ref.bytes());
+        std::vector<float> got = run(m, st, std::span<const int32_t>(ids.data() + p + keep, 12), true);
         std::vector<float> want = run(m, ref, std::span<const int32_t>(ids.data() + p + keep, 12), true);
         ASSERT_TRUE(same_bits(got, want)) << "p " << p << " n " << n << " keep " << keep;
         for (size_t l = 0; l < st.layers.size(); ++l) {

@@ -3,6 +3,7 @@
 
 #include "core/error.h"
 #include "model/model.h"
+#include "model/speculative.h"
 #include "model/weights.h"
 #include "runtime/kv_budget.h"
 
@@ -52,6 +53,46 @@ TEST(StateCosts, MatchesSequenceStateBytesOfRealRuns) {
     }
   }
 }
+
+// With speculation the fixed part adds the MTP ring and feed and what a verify holds until
+// accept(); real speculative states (long prefill chunks, draft rounds, rollbacks) never hold
+// more than the budget says.
+TEST(StateCosts, SpeculativeStateStaysWithinItsBudget) {
+  Model m(load_weights(kTiny));
+  const ModelConfig& cfg = m.config();
+  const StateCosts plain = state_costs(cfg), spec = state_costs(cfg, 3);
+  const size_t hd = static_cast<size_t>(cfg.hc_mult * cfg.hidden_size), W = static_cast<size_t>(cfg.sliding_window);
+  EXPECT_EQ(plain.mtp_bytes, 0u);
+  EXPECT_EQ(spec.mtp_bytes, 4 * (W * static_cast<size_t>(cfg.head_dim) + W * (hd + 1) + hd));
+  EXPECT_EQ(spec.fixed_bytes(), plain.fixed_bytes() + spec.mtp_bytes + spec.verify_bytes);
+  EXPECT_GT(spec.verify_bytes, 0u);
+  SpecModel sm(m, true);
+  SpecState s = sm.new_state();
+  std::vector<int32_t> prompt(5 * W);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>(3 + i * 29 % 400);
+  SpecChunk pre{&s, prompt};
+  sm.forward(std::span<const SpecChunk>(&pre, 1));  // one chunk of 5 windows
+  EXPECT_EQ(s.feed.bytes(), 4 * W * (hd + 1)) << "a long chunk keeps only the last window of streams";
+  int64_t pos = s.target.pos;
+  int32_t tok = 17;
+  for (int round = 0; round < 6; ++round) {
+    std::vector<int32_t> verify = {tok};
+    for (int k = 0; k < 3; ++k) {
+      SpecState* ps = &s;
+      const std::vector<float> l = sm.draft(std::span<SpecState* const>(&ps, 1), std::span<const int32_t>(&verify.back(), 1));
+      verify.push_back(static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin()));
+    }
+    SpecChunk v{&s, verify, true};
+    sm.forward(std::span<const SpecChunk>(&v, 1));
+    EXPECT_LE(s.bytes(), spec.bytes_at(s.target.pos)) << "round " << round;
+    sm.accept(s, pos + 1 + round % 3);  // keep 1..3 of the 4 verified tokens
+    pos = s.target.pos;
+    tok = verify[static_cast<size_t>(round % 3) + 1];
+    EXPECT_LE(s.bytes(), spec.bytes_at(pos)) << "round " << round;
+    EXPECT_EQ(s.target.bytes(), plain.bytes_at(pos)) << "round " << round << ": rollback left rows behind";
+  }
+}
+
 
 TEST(KvBudget, PagesCoverTheStateAndReleaseAtOnce) {
   StateCosts c = state_costs(load_config(kTiny + "/config.json"));
