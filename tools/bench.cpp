@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "model/cuda/cuda_model.h"
 #include "model/cuda/random_device_weights.h"
+#include "tools/bench_spec.h"
 
 namespace dsv4 {
 
@@ -58,7 +59,10 @@ int run_bench(const BenchOptions& opt) {
                                  "V4 model does not fit one GPU)");
   DSV4_CHECK(cuda::available(), "dsv4 bench: no CUDA device");
   DSV4_CHECK(opt.precision == "fast" || opt.precision == "exact", "--precision ", opt.precision, ": unsupported");
-  const ModelConfig cfg = preset_config(opt.preset, opt.layers);
+  DSV4_CHECK(opt.speculative_tokens >= 0 && opt.speculative_tokens <= 3, "--speculative-tokens ",
+             opt.speculative_tokens, ": must be in [0, 3]");
+  ModelConfig cfg = preset_config(opt.preset, opt.layers);
+  cfg.num_nextn_predict_layers = opt.speculative_tokens > 0 ? 1 : 0;  // the MTP layer only when measured
   auto t0 = std::chrono::steady_clock::now();
   ModelWeights w = random_device_weights(cfg, opt.seed);
   CudaModel model(w, opt.precision == "fast" ? cuda::Precision::Fast : cuda::Precision::Exact);
@@ -159,6 +163,7 @@ int run_bench(const BenchOptions& opt) {
     std::printf("%-6lld %-12.3f %-12.1f %-14.3f %-12.3f %.2fx\n", (long long)B, step_ms, B / (step_ms * 1e-3),
                 bytes / 1e9, floor_ms, step_ms / floor_ms);
   }
+  if (opt.speculative_tokens > 0) bench_speculative(model, opt);
   return 0;
 }
 

@@ -110,7 +110,7 @@ int main(int argc, char** argv) {
 #else
   struct {
     std::string preset, precision;
-    int64_t layers = 0, context = 0, prefill = 0, steps = 0;
+    int64_t layers = 0, context = 0, prefill = 0, steps = 0, speculative_tokens = 0;
     bool random_weights = false;
     std::vector<int64_t> batches;
     uint64_t seed = 0;
@@ -124,6 +124,8 @@ int main(int argc, char** argv) {
   bench->add_option("--context", bopt.context, "tokens per sequence before decode timing")->capture_default_str();
   bench->add_option("--prefill", bopt.prefill, "prefill length")->capture_default_str();
   bench->add_option("--steps", bopt.steps, "timed decode steps")->capture_default_str();
+  bench->add_option("--speculative-tokens", bopt.speculative_tokens,
+                    "also engine decode with MTP drafting k tokens (1..3) against none")->capture_default_str();
 
 #ifdef DSV4_HAVE_SERVER
   ServeOptions sopt;

@@ -35,6 +35,7 @@ ModelWeights random_device_weights(const ModelConfig& cfg, uint64_t seed) {
   CheckpointFormat fmt;
   fmt.linears = LinearFormat::FP8Block;
   fmt.experts = LinearFormat::FP4Group32;
+  fmt.has_mtp = cfg.num_nextn_predict_layers > 0;
   auto owner = std::make_shared<Owner>();
   std::map<std::string, TensorRef> refs;
   std::mt19937_64 host_rng(seed);
@@ -137,7 +138,7 @@ ModelConfig preset_config(const std::string& name, int64_t layers) {
     c.compress_ratio.resize(static_cast<size_t>(layers));
     c.layer_kinds.resize(static_cast<size_t>(layers));
   }
-  c.num_nextn_predict_layers = 0;  // the bench runs the main model only
+  c.num_nextn_predict_layers = 0;  // the main model only; `dsv4 bench --speculative-tokens` adds the MTP layer
   c.validate();
   return c;
 }
