@@ -23,8 +23,10 @@ std::string tiny_dir() {
 }
 
 std::vector<std::vector<int32_t>> run_requests(ModelBackend& backend, const std::vector<std::vector<int32_t>>& prompts,
-                                               int64_t max_tokens, int64_t chunk, EngineStats* stats = nullptr) {
+                                               int64_t max_tokens, int64_t chunk, EngineStats* stats = nullptr,
+                                               bool prefix_cache = true) {
   EngineOptions opt;
+  opt.prefix_cache = prefix_cache;
   opt.kv_memory_bytes = size_t{256} << 20;
   opt.limits.max_batch = 4;
   opt.limits.prefill_chunk = chunk;
@@ -68,6 +70,9 @@ TEST(CudaBackend, EngineMatchesCpuBackendWithBatchingAndPrefixHits) {
   const auto got = run_requests(gpu, prompts, 12, 5, &st);
   EXPECT_EQ(got, want);
   EXPECT_GT(st.prefix_hit_tokens, 0) << "the test meant to exercise prefix-cache hits on the GPU";
+  // Isolates the state snapshot/restore path: the same run without the prefix cache.
+  EXPECT_EQ(run_requests(gpu, prompts, 12, 5, nullptr, false), want) << "chunked, no prefix cache";
+  EXPECT_EQ(run_requests(gpu, prompts, 12, 0, nullptr, true), want) << "unchunked, prefix cache";
 }
 
 float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b, size_t begin, size_t n) {
