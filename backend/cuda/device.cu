@@ -47,7 +47,12 @@ void DeviceBuffer::download(void* host, size_t bytes, size_t offset) const {
 }
 
 void DeviceBuffer::fill_bytes(uint8_t value) {
-  if (bytes_) DSV4_CUDA_CHECK(cudaMemset(ptr_, value, bytes_));
+  if (!bytes_) return;
+  // cudaMemset on device memory may still be running when it returns, on the legacy default
+  // stream, which does not order against the non-blocking streams the model uses: wait for it,
+  // or a copy into a fresh buffer (a restored prefix-cache state) can be zeroed afterwards.
+  DSV4_CUDA_CHECK(cudaMemset(ptr_, value, bytes_));
+  DSV4_CUDA_CHECK(cudaStreamSynchronize(nullptr));
 }
 
 void synchronize() { DSV4_CUDA_CHECK(cudaDeviceSynchronize()); }
