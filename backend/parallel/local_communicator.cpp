@@ -21,8 +21,19 @@ void LocalGroup::abort() {
 void LocalGroup::reset() {
   std::lock_guard<std::mutex> lk(mu_);
   aborted_ = false;
+  failure_.clear();
   arrived_ = 0;
   ++generation_;
+}
+
+void LocalGroup::note_failure(const std::string& what) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (failure_.empty()) failure_ = what;
+}
+
+std::string LocalGroup::failure() {
+  std::lock_guard<std::mutex> lk(mu_);
+  return failure_;
 }
 
 void LocalGroup::wait_all() {
@@ -91,11 +102,12 @@ void LocalCommunicator::all_to_all_v(const void* send, const std::vector<size_t>
     const size_t soff = block_offsets(sb)[rank_];
     if (len) std::memcpy(static_cast<uint8_t*>(recv) + roff[j], static_cast<const uint8_t*>(g.slots_[j].send) + soff, len);
   }
-  if (!mismatch.empty()) {
-    g.abort();  // the others would wait for us at the next barrier
-    fail("all_to_all_v: ", mismatch);
-  }
+  // Leaving before the barrier would free our send buffer while other ranks still copy from
+  // it: report, wait for everyone, then all throw together.
+  if (!mismatch.empty()) g.note_failure(mismatch);
   g.wait_all();
+  const std::string failed = g.failure();
+  DSV4_CHECK(failed.empty(), "all_to_all_v: ", failed);
 }
 
 }  // namespace dsv4

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "backend/parallel/communicator.h"
@@ -30,6 +31,10 @@ class LocalGroup {
     const std::vector<size_t>* bytes = nullptr;  // all_to_all_v block sizes
   };
   void wait_all();  // barrier over the group's ranks; throws once aborted
+  // A rank found its part of a collective wrong; every rank throws after the next barrier
+  // (so nobody frees buffers others still read). Sticky until reset().
+  void note_failure(const std::string& what);
+  std::string failure();
 
   const int size_;
   std::vector<Slot> slots_;
@@ -38,6 +43,7 @@ class LocalGroup {
   int arrived_ = 0;
   uint64_t generation_ = 0;
   bool aborted_ = false;
+  std::string failure_;
 };
 
 class LocalCommunicator final : public Communicator {
