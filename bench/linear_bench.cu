@@ -11,6 +11,7 @@
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/device.h"
+#include "backend/cuda/fill_random.h"
 #include "backend/cuda/linear.h"
 #include "backend/cuda/moe.h"
 
@@ -68,7 +69,9 @@ void report(const char* what, double us, double bytes, double flops) {
               bytes / us * 1e-3);
 }
 
-void bench_fp8_linear(FastLinear& fast, const char* name, int64_t out, int64_t in) {
+// groups > 1: a block-diagonal weight of `groups` blocks of out/groups rows (wo_a), x of
+// groups*in columns; timed as one run_grouped call and as the per-group run() loop.
+void bench_fp8_linear(FastLinear& fast, const char* name, int64_t out, int64_t in, int64_t groups = 1) {
   const size_t wbytes = static_cast<size_t>(out * in), sbytes = static_cast<size_t>((out / 128) * (in / 128));
   const int copies = static_cast<int>(std::max<size_t>(1, kRotateBytes / wbytes));
   std::vector<DeviceBuffer> data, scale;
@@ -90,15 +93,35 @@ void bench_fp8_linear(FastLinear& fast, const char* name, int64_t out, int64_t i
     w.scale_cols = in / 128;
     views.push_back(w);
   }
+  const int64_t xin = groups * in, ng = out / groups;
   for (int64_t rows : {1, 8, 64, 256, 4096}) {
-    DeviceBuffer x(static_cast<size_t>(rows * in) * 4), y(static_cast<size_t>(rows * out) * 4);
-    DSV4_CUDA_CHECK(cudaMemset(x.get(), 0, x.bytes()));
-    const double us = median_us([&](int i) {
-      fast.run(views[i % copies], x.as<float>(), rows, y.as<float>(), 0, out, in, out, nullptr);
-    });
+    DeviceBuffer x(static_cast<size_t>(rows * xin) * 4), y(static_cast<size_t>(rows * out) * 4);
+    // Random activations (zeros would let the hardware skip work): N(0, 1).
+    dsv4::cuda::fill_normal_f32(x.as<float>(), rows * xin, 1.f, 5 + rows, nullptr);
+    const double bytes = double(wbytes + sbytes) + rows * xin * 4.0 + rows * out * 4.0, flops = 2.0 * rows * out * in;
     char buf[96];
-    std::snprintf(buf, sizeof buf, "fp8 %-5s %5lldx%-5lld rows %4lld", name, (long long)out, (long long)in, (long long)rows);
-    report(buf, us, double(wbytes + sbytes) + rows * in * 4.0 + rows * out * 4.0, 2.0 * rows * out * in);
+    if (groups == 1) {
+      const double us = median_us([&](int i) {
+        fast.run(views[i % copies], x.as<float>(), rows, y.as<float>(), 0, out, in, out, nullptr);
+      });
+      std::snprintf(buf, sizeof buf, "fp8 %-5s %5lldx%-5lld rows %4lld", name, (long long)out, (long long)in,
+                    (long long)rows);
+      report(buf, us, bytes, flops);
+      continue;
+    }
+    const double grouped = median_us([&](int i) {
+      fast.run_grouped(views[i % copies], groups, x.as<float>(), rows, y.as<float>(), xin, out, nullptr);
+    });
+    const double looped = median_us([&](int i) {
+      for (int64_t g = 0; g < groups; ++g)
+        fast.run(views[i % copies], x.as<float>() + g * in, rows, y.as<float>() + g * ng, g * ng, (g + 1) * ng, xin,
+                 out, nullptr);
+    });
+    std::snprintf(buf, sizeof buf, "fp8 %-5s %lldx%lldx%lld rows %4lld", name, (long long)groups, (long long)ng,
+                  (long long)in, (long long)rows);
+    report(buf, grouped, bytes, flops);
+    std::snprintf(buf, sizeof buf, "  (per-group loop) rows %4lld", (long long)rows);
+    report(buf, looped, bytes, flops);
   }
 }
 
@@ -155,7 +178,7 @@ void bench_moe() {
     distinct /= sets;
     DeviceBuffer dex = to_device(ex), dwt = to_device(wt);
     DeviceBuffer x(static_cast<size_t>(R * d) * 4), out(static_cast<size_t>(R * d) * 4);
-    DSV4_CUDA_CHECK(cudaMemset(x.get(), 0, x.bytes()));
+    dsv4::cuda::fill_normal_f32(x.as<float>(), R * d, 1.f, 11 + R, nullptr);
     DSV4_CUDA_CHECK(cudaMemset(out.get(), 0, out.bytes()));
     for (Precision p : {Precision::Exact, Precision::Fast}) {
       const double us = median_us([&](int i) {
@@ -182,6 +205,7 @@ int main() {
   bench_fp8_linear(fast, "wq_a", 1024, 4096);
   bench_fp8_linear(fast, "wq_b", 32768, 1024);
   bench_fp8_linear(fast, "wkv", 512, 4096);
+  bench_fp8_linear(fast, "wo_a", 8192, 4096, 8);
   bench_fp8_linear(fast, "wo_b", 4096, 8192);
   bench_fp8_linear(fast, "w1", 2048, 4096);
   bench_moe();

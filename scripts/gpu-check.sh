@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine: configure + build the CUDA backend, run every GPU test (parity, model
 # goldens), compute-sanitizer on the op tests, then the benchmarks. Logs go to $OUT; the last
-# lines printed are a short summary. Usage: scripts/gpu-check.sh [tests|bench|spec-bench|all]
+# lines printed are a short summary. Usage: scripts/gpu-check.sh [tests|bench|spec-bench|quick|all]
+# quick: ctest (no sanitizer, no CLI checks), bench_linear and `dsv4 bench --profile`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 MODE="${1:-all}"
@@ -29,6 +30,20 @@ if ! cmake --build "$BUILD" -j"$JOBS" >"$LOG/build.log" 2>&1; then
 fi
 summary+=("build ok")
 save
+
+if [[ "$MODE" == quick ]]; then
+  ctest --test-dir "$BUILD" --output-on-failure -j4 --timeout 300 >"$LOG/ctest.log" 2>&1
+  summary+=("ctest: $(grep -E 'tests passed|tests failed' "$LOG/ctest.log" | tail -1)")
+  grep -E "failed|Failed|FAILED" "$LOG/ctest.log" | head -20 >>"$LOG/summary-failures.log"
+  save
+  timeout 200 "$BUILD/bench/bench_linear" >"$LOG/bench_linear.log" 2>&1
+  summary+=("bench_linear: rc=$?")
+  timeout 300 "$BUILD/tools/dsv4" bench --preset v4-flash --layers 8 --random-weights --batches 1,16,64 --profile \
+    >"$LOG/e2e-profile.log" 2>&1
+  summary+=("dsv4 bench --profile: rc=$?")
+  cp "$LOG/e2e-profile.log" "$LOG/bench_linear.log" "$OUT/" 2>/dev/null
+  save
+fi
 
 if [[ "$MODE" == tests || "$MODE" == all ]]; then
   ctest --test-dir "$BUILD" --output-on-failure -j4 --timeout 300 >"$LOG/ctest.log" 2>&1

@@ -123,12 +123,14 @@ int run_bench(const BenchOptions& opt) {
                 (long long)opt.prefill, sec, opt.prefill / sec, flops / 1e12, floor_s, sec / floor_s);
   }
 
-  // ---- decode per batch size
-  std::printf("%-6s %-12s %-12s %-14s %-12s %s\n", "batch", "step ms", "tokens/s", "bytes/step GB", "floor ms",
-              "ratio");
+  // ---- decode per batch size: the same sequences stepped eagerly, then with CUDA graphs
+  std::printf("%-6s %-10s %-10s %-12s %-14s %-12s %s\n", "batch", "eager ms", "graph ms", "tokens/s", "bytes/step GB",
+              "floor ms", "ratio (graphs)");
+  const int64_t profile_steps = opt.profile ? 4 : 0;
   for (int64_t B : opt.batches) {
+    const int64_t total_steps = 2 * (opt.steps + 2) + profile_steps;
     std::vector<DeviceSequence> seqs;
-    for (int64_t b = 0; b < B; ++b) seqs.push_back(model.new_sequence(opt.context + opt.steps + 8));
+    for (int64_t b = 0; b < B; ++b) seqs.push_back(model.new_sequence(opt.context + total_steps + 8));
     std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(B));
     std::vector<DeviceChunk> chunks;
     for (int64_t b = 0; b < B; ++b) {
@@ -137,17 +139,25 @@ int run_bench(const BenchOptions& opt) {
     }
     const float* lg;
     model.forward_device(chunks, false, &lg);
-    std::vector<int32_t> next = random_tokens(B * (opt.steps + 2));
-    std::vector<double> ms;
-    for (int64_t st = 0; st < opt.steps + 2; ++st) {
-      chunks.clear();
-      for (int64_t b = 0; b < B; ++b) chunks.push_back({&seqs[b], std::span<const int32_t>(&next[st * B + b], 1)});
-      auto t = std::chrono::steady_clock::now();
-      model.forward_device(chunks, false, &lg);
-      if (st >= 2) ms.push_back(seconds_since(t) * 1e3);
-    }
-    std::sort(ms.begin(), ms.end());
-    const double step_ms = ms[ms.size() / 2];
+    std::vector<int32_t> next = random_tokens(B * total_steps);
+    int64_t step = 0;
+    auto run_steps = [&](int64_t n, bool timed) {
+      std::vector<double> ms;
+      for (int64_t st = 0; st < n; ++st, ++step) {
+        chunks.clear();
+        for (int64_t b = 0; b < B; ++b) chunks.push_back({&seqs[b], std::span<const int32_t>(&next[step * B + b], 1)});
+        auto t = std::chrono::steady_clock::now();
+        model.forward_device(chunks, false, &lg);
+        if (timed && st >= 2) ms.push_back(seconds_since(t) * 1e3);
+      }
+      std::sort(ms.begin(), ms.end());
+      return ms.empty() ? 0.0 : ms[ms.size() / 2];
+    };
+    model.set_graphs(false);
+    const double eager_ms = run_steps(opt.steps + 2, true);
+    model.set_graphs(true);
+    const double graph_ms = run_steps(opt.steps + 2, true);  // the first two capture
+    const double step_ms = graph_ms;
     const double touched = E * (1.0 - std::pow(1.0 - K / E, double(B)));
     // Cache read per sequence (fp32 layout): window + visible compressed entries + indexer keys.
     double cache = 0;
@@ -160,8 +170,16 @@ int run_bench(const BenchOptions& opt) {
     }
     const double bytes = double(dense) + touched * double(expert) * cfg.num_layers + cache * B;
     const double floor_ms = bytes / bw * 1e3;
-    std::printf("%-6lld %-12.3f %-12.1f %-14.3f %-12.3f %.2fx\n", (long long)B, step_ms, B / (step_ms * 1e-3),
-                bytes / 1e9, floor_ms, step_ms / floor_ms);
+    std::printf("%-6lld %-10.3f %-10.3f %-12.1f %-14.3f %-12.3f %.2fx\n", (long long)B, eager_ms, graph_ms,
+                B / (step_ms * 1e-3), bytes / 1e9, floor_ms, step_ms / floor_ms);
+    if (opt.profile) {
+      OpProfile prof;
+      model.set_profile(&prof);
+      run_steps(profile_steps, false);
+      model.set_profile(nullptr);
+      std::printf("  per-op GPU time, batch %lld, eager launches (%lld steps):\n%s", (long long)B,
+                  (long long)prof.calls(), prof.report().c_str());
+    }
   }
   if (opt.speculative_tokens > 0) bench_speculative(model, opt);
   return 0;

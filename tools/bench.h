@@ -17,6 +17,7 @@ struct BenchOptions {
   int64_t prefill = 4096;  // prompt length of the prefill measurement
   int64_t steps = 16;      // timed decode steps per batch size
   uint64_t seed = 1;
+  bool profile = false;            // per-op GPU time of a few eager decode steps per batch size
   int64_t speculative_tokens = 0;  // > 0: also engine decode with and without MTP (tools/bench_spec.h)
 };
 

@@ -1,3 +1,5 @@
+#include <atomic>
+
 #include "backend/cuda/check.h"
 #include "backend/cuda/device.h"
 
@@ -53,6 +55,19 @@ void DeviceBuffer::fill_bytes(uint8_t value) {
   // or a copy into a fresh buffer (a restored prefix-cache state) can be zeroed afterwards.
   DSV4_CUDA_CHECK(cudaMemset(ptr_, value, bytes_));
   DSV4_CUDA_CHECK(cudaStreamSynchronize(nullptr));
+}
+
+namespace {
+std::atomic<uint64_t> g_scratch_epoch{0};
+}
+
+uint64_t scratch_epoch() { return g_scratch_epoch.load(std::memory_order_relaxed); }
+void note_scratch_alloc() { g_scratch_epoch.fetch_add(1, std::memory_order_relaxed); }
+
+void grow_scratch(DeviceBuffer& b, size_t bytes, size_t slack_div) {
+  if (b.bytes() >= bytes) return;
+  b = DeviceBuffer(bytes + bytes / slack_div);
+  note_scratch_alloc();
 }
 
 void synchronize() { DSV4_CUDA_CHECK(cudaDeviceSynchronize()); }

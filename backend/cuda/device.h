@@ -48,6 +48,13 @@ std::vector<T> to_host(const DeviceBuffer& b, size_t count) {
   return v;
 }
 
+// Scratch (re)allocations are counted: a captured CUDA graph holds the addresses it was
+// captured with, so its owner compares the epoch and re-captures after any change.
+uint64_t scratch_epoch();
+void note_scratch_alloc();
+// b = a fresh buffer of bytes + bytes / slack_div when it holds fewer than `bytes` (counted).
+void grow_scratch(DeviceBuffer& b, size_t bytes, size_t slack_div = 4);
+
 void synchronize();
 // True when p points into device memory (cudaMalloc'd), false for host memory.
 bool is_device_pointer(const void* p);

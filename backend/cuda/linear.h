@@ -21,6 +21,12 @@ enum class Precision { Exact, Fast };
 void linear_exact(const WeightView& w, const float* x, int64_t rows, float* y, int64_t row_begin, int64_t row_end,
                   int64_t ldx, int64_t ldy, cudaStream_t s);
 
+// Block-diagonal linear (the grouped low-rank output): group g multiplies weight rows
+// [g·n_g, (g+1)·n_g) (n_g = w.out / groups) with x columns [g·w.in, (g+1)·w.in) of each row and
+// writes y columns [g·n_g, (g+1)·n_g). One launch for all groups at decode sizes.
+void linear_exact_grouped(const WeightView& w, int64_t groups, const float* x, int64_t rows, float* y, int64_t ldx,
+                          int64_t ldy, cudaStream_t s);
+
 // Holds the cuBLASLt handle, workspace and scratch (quantised activations, scales); one per stream.
 class FastLinear {
  public:
@@ -30,6 +36,9 @@ class FastLinear {
   FastLinear& operator=(const FastLinear&) = delete;
   void run(const WeightView& w, const float* x, int64_t rows, float* y, int64_t row_begin, int64_t row_end,
            int64_t ldx, int64_t ldy, cudaStream_t s);
+  // linear_exact_grouped's contract with this class's numerics (per-group run() on big batches).
+  void run_grouped(const WeightView& w, int64_t groups, const float* x, int64_t rows, float* y, int64_t ldx,
+                   int64_t ldy, cudaStream_t s);
   // Per-weight data (expanded FP8 scales) is cached by device address: call this when weights
   // are freed or replaced, so a new weight at a reused address is not served stale scales.
   void forget_weights();

@@ -51,15 +51,19 @@ using namespace detail;
 constexpr int kGemvWarps = 8;
 
 // One warp per NR output rows (NR > 1 only with VEC and R <= 2, see gemv_warp_rows).
+// Grouped (block-diagonal) form: output oi reads x columns from (oi / grp_rows) * grp_x on
+// (grp_rows = n_out, grp_x = 0: a plain linear); a warp's NR rows never straddle a group.
 template <int F, int R, bool VEC, int NR>
 __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(DevWeight w, const float* __restrict__ x, int rows,
                                                               float* __restrict__ y, int64_t row_begin, int64_t n_out,
-                                                              int64_t ldx, int64_t ldy) {
+                                                              int64_t ldx, int64_t ldy, int64_t grp_rows,
+                                                              int64_t grp_x) {
   const int64_t oi = (static_cast<int64_t>(blockIdx.x) * kGemvWarps + threadIdx.x / 32) * NR;
   if (oi >= n_out) return;
+  const float* xg = x + (oi / grp_rows) * grp_x;
   const float* xs[R];
 #pragma unroll
-  for (int r = 0; r < R; ++r) xs[r] = x + static_cast<int64_t>(r < rows ? r : 0) * ldx;
+  for (int r = 0; r < R; ++r) xs[r] = xg + static_cast<int64_t>(r < rows ? r : 0) * ldx;
   const int lane = threadIdx.x & 31;
   if constexpr (NR == 1) {
     float acc[R];
@@ -103,35 +107,53 @@ __global__ void __launch_bounds__(kTileThreads) tile_kernel(DevWeight w, const f
 constexpr int kRowsPerWarp = 4;
 constexpr int64_t kMultiRowMinOut = 2 * 132 * kGemvWarps * kRowsPerWarp;
 
+struct Groups {
+  int64_t rows, x;  // outputs per group, x column offset between groups
+};
+
 template <int F, int R>
 void launch_gemv_r(const DevWeight& w, const float* x, int rows, float* y, int64_t rb, int64_t n, int64_t ldx,
-                   int64_t ldy, bool vec, cudaStream_t s) {
+                   int64_t ldy, bool vec, Groups g, cudaStream_t s) {
   const auto blocks = [&](int64_t per_warp) {
     return dim3(static_cast<unsigned>((n + kGemvWarps * per_warp - 1) / (kGemvWarps * per_warp)));
   };
   if constexpr (R <= 2) {
-    if (vec && n >= kMultiRowMinOut) {
-      gemv_kernel<F, R, true, kRowsPerWarp><<<blocks(kRowsPerWarp), kGemvWarps * 32, 0, s>>>(w, x, rows, y, rb, n, ldx, ldy);
+    if (vec && n >= kMultiRowMinOut && g.rows % kRowsPerWarp == 0) {
+      gemv_kernel<F, R, true, kRowsPerWarp>
+          <<<blocks(kRowsPerWarp), kGemvWarps * 32, 0, s>>>(w, x, rows, y, rb, n, ldx, ldy, g.rows, g.x);
       DSV4_CUDA_LAUNCH_CHECK();
       return;
     }
   }
   if (vec)
-    gemv_kernel<F, R, true, 1><<<blocks(1), kGemvWarps * 32, 0, s>>>(w, x, rows, y, rb, n, ldx, ldy);
+    gemv_kernel<F, R, true, 1><<<blocks(1), kGemvWarps * 32, 0, s>>>(w, x, rows, y, rb, n, ldx, ldy, g.rows, g.x);
   else
-    gemv_kernel<F, R, false, 1><<<blocks(1), kGemvWarps * 32, 0, s>>>(w, x, rows, y, rb, n, ldx, ldy);
+    gemv_kernel<F, R, false, 1><<<blocks(1), kGemvWarps * 32, 0, s>>>(w, x, rows, y, rb, n, ldx, ldy, g.rows, g.x);
   DSV4_CUDA_LAUNCH_CHECK();
 }
 
 template <int F>
 void launch_gemv(const DevWeight& w, const float* x, int rows, float* y, int64_t rb, int64_t n, int64_t ldx,
-                 int64_t ldy, bool vec, cudaStream_t s) {
+                 int64_t ldy, bool vec, Groups g, cudaStream_t s) {
   // Smallest compiled row count that covers `rows`: no wasted accumulators at decode.
-  if (rows <= 1) return launch_gemv_r<F, 1>(w, x, rows, y, rb, n, ldx, ldy, vec, s);
-  if (rows <= 2) return launch_gemv_r<F, 2>(w, x, rows, y, rb, n, ldx, ldy, vec, s);
-  if (rows <= 4) return launch_gemv_r<F, 4>(w, x, rows, y, rb, n, ldx, ldy, vec, s);
-  if (rows <= 8) return launch_gemv_r<F, 8>(w, x, rows, y, rb, n, ldx, ldy, vec, s);
-  return launch_gemv_r<F, 16>(w, x, rows, y, rb, n, ldx, ldy, vec, s);
+  if (rows <= 1) return launch_gemv_r<F, 1>(w, x, rows, y, rb, n, ldx, ldy, vec, g, s);
+  if (rows <= 2) return launch_gemv_r<F, 2>(w, x, rows, y, rb, n, ldx, ldy, vec, g, s);
+  if (rows <= 4) return launch_gemv_r<F, 4>(w, x, rows, y, rb, n, ldx, ldy, vec, g, s);
+  if (rows <= 8) return launch_gemv_r<F, 8>(w, x, rows, y, rb, n, ldx, ldy, vec, g, s);
+  return launch_gemv_r<F, 16>(w, x, rows, y, rb, n, ldx, ldy, vec, g, s);
+}
+
+void gemv(const WeightView& wv, const float* x, int64_t rows, float* y, int64_t row_begin, int64_t n, int64_t ldx,
+          int64_t ldy, Groups g, cudaStream_t s) {
+  const DevWeight w = detail::dev_weight(wv);
+  const bool vec = detail::vec_ok(w, x, ldx) && (g.x * 4) % 16 == 0;
+  const int r = static_cast<int>(rows);
+  switch (w.fmt) {
+    case kF32: return launch_gemv<kF32>(w, x, r, y, row_begin, n, ldx, ldy, vec, g, s);
+    case kBF16: return launch_gemv<kBF16>(w, x, r, y, row_begin, n, ldx, ldy, vec, g, s);
+    case kFP8: return launch_gemv<kFP8>(w, x, r, y, row_begin, n, ldx, ldy, vec, g, s);
+    default: return launch_gemv<kFP4>(w, x, r, y, row_begin, n, ldx, ldy, vec, g, s);
+  }
 }
 
 }  // namespace
@@ -141,20 +163,21 @@ void linear_exact(const WeightView& wv, const float* x, int64_t rows, float* y, 
   DSV4_CHECK(row_begin >= 0 && row_end <= wv.out && row_begin <= row_end, "linear_exact: bad row range");
   const int64_t n = row_end - row_begin;
   if (rows <= 0 || n == 0) return;
+  if (rows <= kGemvMaxRows) return gemv(wv, x, rows, y, row_begin, n, ldx, ldy, Groups{n, 0}, s);
   const DevWeight w = detail::dev_weight(wv);
-  if (rows <= kGemvMaxRows) {
-    const bool vec = detail::vec_ok(w, x, ldx);
-    const int r = static_cast<int>(rows);
-    switch (w.fmt) {
-      case kF32: return launch_gemv<kF32>(w, x, r, y, row_begin, n, ldx, ldy, vec, s);
-      case kBF16: return launch_gemv<kBF16>(w, x, r, y, row_begin, n, ldx, ldy, vec, s);
-      case kFP8: return launch_gemv<kFP8>(w, x, r, y, row_begin, n, ldx, ldy, vec, s);
-      default: return launch_gemv<kFP4>(w, x, r, y, row_begin, n, ldx, ldy, vec, s);
-    }
-  }
   const dim3 grid(static_cast<unsigned>((n + kTileN - 1) / kTileN), static_cast<unsigned>((rows + kTileM - 1) / kTileM));
   tile_kernel<<<grid, kTileThreads, 0, s>>>(w, x, rows, y, row_begin, n, ldx, ldy);
   DSV4_CUDA_LAUNCH_CHECK();
+}
+
+void linear_exact_grouped(const WeightView& w, int64_t groups, const float* x, int64_t rows, float* y, int64_t ldx,
+                          int64_t ldy, cudaStream_t s) {
+  DSV4_CHECK(groups >= 1 && w.out % groups == 0, "linear_exact_grouped: ", w.out, " rows do not split in ", groups,
+             " groups");
+  const int64_t ng = w.out / groups;
+  if (rows <= 0) return;
+  if (rows <= detail::kGemvMaxRows) return gemv(w, x, rows, y, 0, w.out, ldx, ldy, Groups{ng, w.in}, s);
+  for (int64_t g = 0; g < groups; ++g) linear_exact(w, x + g * w.in, rows, y + g * ng, g * ng, (g + 1) * ng, ldx, ldy, s);
 }
 
 }  // namespace dsv4::cuda

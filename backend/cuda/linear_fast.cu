@@ -25,9 +25,7 @@ namespace {
 
 constexpr size_t kWorkspace = 32ull << 20;
 
-void grow(DeviceBuffer& b, size_t bytes) {
-  if (b.bytes() < bytes) b = DeviceBuffer(bytes + bytes / 4);
-}
+void grow(DeviceBuffer& b, size_t bytes) { grow_scratch(b, bytes); }
 
 // ws[kb * n + j] = scale(block row (row_begin + j) / 128, kb): 128x128 grid -> per-row 1x128.
 __global__ void expand_scales_kernel(detail::DevWeight w, int64_t row_begin, int64_t n, int64_t kblocks, float* ws) {
@@ -187,6 +185,7 @@ struct FastLinear::Impl {
       expand_scales_kernel<<<blocks256(n * kb), 256, 0, s>>>(detail::dev_weight(w), row_begin, n, kb, buf.as<float>());
     }
     DSV4_CUDA_LAUNCH_CHECK();
+    note_scratch_alloc();  // a graph captured around this first use would replay the expansion
     return wscales.emplace(key, std::move(buf)).first->second.as<float>();
   }
 
@@ -279,6 +278,24 @@ void FastLinear::run(const WeightView& w, const float* x, int64_t rows, float* y
     impl_->warn_fallback("bf16", n, rows, w.in);
   }
   linear_exact(w, x, rows, y, row_begin, row_end, ldx, ldy, s);
+}
+
+void FastLinear::run_grouped(const WeightView& w, int64_t groups, const float* x, int64_t rows, float* y, int64_t ldx,
+                             int64_t ldy, cudaStream_t s) {
+  DSV4_CHECK(groups >= 1 && w.out % groups == 0, "FastLinear::run_grouped: ", w.out, " rows do not split in ", groups,
+             " groups");
+  const int64_t ng = w.out / groups, k = w.in;
+  if (rows <= 0) return;
+  if (rows <= detail::kGemvMaxRows) {
+    const bool quantised = w.format == WeightFormat::FP8Block || w.format == WeightFormat::FP4Group32;
+    if (!quantised) return linear_exact_grouped(w, groups, x, rows, y, ldx, ldy, s);
+    if (k % 128 == 0) {  // 128-channel quant blocks never straddle a group: quantise all at once
+      grow(impl_->xf, static_cast<size_t>(rows * groups * k) * sizeof(float));
+      act_fake_quant_fp8(x, rows, groups * k, ldx, impl_->xf.as<float>(), groups * k, s);
+      return linear_exact_grouped(w, groups, impl_->xf.as<float>(), rows, y, groups * k, ldy, s);
+    }
+  }
+  for (int64_t g = 0; g < groups; ++g) run(w, x + g * k, rows, y + g * ng, g * ng, (g + 1) * ng, ldx, ldy, s);
 }
 
 }  // namespace dsv4::cuda

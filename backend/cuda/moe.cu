@@ -119,8 +119,37 @@ __device__ __forceinline__ void down_multi(const DevWeight& w2, int64_t o0, int 
         Y[static_cast<int64_t>(slot_pair[t.start + r]) * d + o0 + q] = acc[q][r];
 }
 
+// Rows of one tile, count <= MAXR. MAXR is the kernel's bound on tokens per tile (the host picks
+// it from the call's rows: an expert gets at most one slot per token), so the 1-2 token decode
+// kernels do not carry the 16-row path's accumulators (255 registers, 1 block per SM).
+template <int F, bool VEC, int MAXR>
+__device__ __forceinline__ void gateup_tile_rows(const DevWeight& w1, const DevWeight& w3, int64_t i0, int n_o,
+                                                 const Tile& t, const int32_t* slot_pair, int K, const float* x,
+                                                 int64_t d, int64_t I, float limit, float* H) {
+  constexpr int RPW = rows_per_warp(VEC);
+  if constexpr (VEC) {
+    // Decode (1-2 tokens on this expert): the warp's rows share each activation load.
+    if (t.count <= 1) return gateup_multi<F, 1, RPW>(w1, w3, i0, n_o, t, slot_pair, K, x, d, I, limit, H);
+    if constexpr (MAXR >= 2)
+      if (t.count <= 2) return gateup_multi<F, 2, RPW>(w1, w3, i0, n_o, t, slot_pair, K, x, d, I, limit, H);
+  }
+  // Smallest compiled row count covering this tile.
+  for (int q = 0; q < n_o; ++q) {
+    if (t.count <= 1) gateup_rows<F, 1, VEC>(w1, w3, i0 + q, t, slot_pair, K, x, d, I, limit, H);
+    else if constexpr (MAXR <= 4) gateup_rows<F, MAXR, VEC>(w1, w3, i0 + q, t, slot_pair, K, x, d, I, limit, H);
+    else if (t.count <= 4) gateup_rows<F, 4, VEC>(w1, w3, i0 + q, t, slot_pair, K, x, d, I, limit, H);
+    else gateup_rows<F, MAXR, VEC>(w1, w3, i0 + q, t, slot_pair, K, x, d, I, limit, H);
+  }
+}
+
+// A tile of more than MAXR tokens (only a routing table that repeats an expert within one token
+// can make one) runs as consecutive sub-tiles of MAXR.
+__device__ __forceinline__ Tile sub_tile(const Tile& t, int b, int maxr) {
+  return Tile{t.expert, t.start + b, min(maxr, t.count - b), 0};
+}
+
 // Table per expert: [w1, w2, w3].
-template <int F, bool VEC>
+template <int F, bool VEC, int MAXR>
 __global__ void __launch_bounds__(kWarps * 32) gateup_gemv(const DevWeight* __restrict__ tab, const Tile* __restrict__ tiles,
                                                            const int32_t* __restrict__ n_tiles, const int32_t* __restrict__ slot_pair,
                                                            int K, const float* __restrict__ x, int64_t d, int64_t I, float limit,
@@ -132,17 +161,8 @@ __global__ void __launch_bounds__(kWarps * 32) gateup_gemv(const DevWeight* __re
   if (i0 >= I) return;
   const int n_o = static_cast<int>(I - i0 < RPW ? I - i0 : RPW);
   const DevWeight w1 = tab[3 * t.expert], w3 = tab[3 * t.expert + 2];
-  if constexpr (VEC) {
-    // Decode (1-2 tokens on this expert): the warp's rows share each activation load.
-    if (t.count <= 1) return gateup_multi<F, 1, RPW>(w1, w3, i0, n_o, t, slot_pair, K, x, d, I, limit, H);
-    if (t.count <= 2) return gateup_multi<F, 2, RPW>(w1, w3, i0, n_o, t, slot_pair, K, x, d, I, limit, H);
-  }
-  // Smallest compiled row count covering this tile.
-  for (int q = 0; q < n_o; ++q) {
-    if (t.count <= 1) gateup_rows<F, 1, VEC>(w1, w3, i0 + q, t, slot_pair, K, x, d, I, limit, H);
-    else if (t.count <= 4) gateup_rows<F, 4, VEC>(w1, w3, i0 + q, t, slot_pair, K, x, d, I, limit, H);
-    else gateup_rows<F, kGemvTile, VEC>(w1, w3, i0 + q, t, slot_pair, K, x, d, I, limit, H);
-  }
+  for (int b = 0; b < t.count; b += MAXR)
+    gateup_tile_rows<F, VEC, MAXR>(w1, w3, i0, n_o, sub_tile(t, b, MAXR), slot_pair, K, x, d, I, limit, H);
 }
 
 template <int F, int R, bool VEC>
@@ -159,7 +179,24 @@ __device__ __forceinline__ void down_rows(const DevWeight& w2, int64_t o, const 
     if (r == lane && r < t.count) Y[static_cast<int64_t>(slot_pair[t.start + r]) * d + o] = acc[r];
 }
 
-template <int F, bool VEC>
+template <int F, bool VEC, int MAXR>
+__device__ __forceinline__ void down_tile_rows(const DevWeight& w2, int64_t o0, int n_o, const Tile& t,
+                                               const int32_t* slot_pair, const float* H, int64_t d, int64_t I, float* Y) {
+  constexpr int RPW = rows_per_warp(VEC);
+  if constexpr (VEC) {
+    if (t.count <= 1) return down_multi<F, 1, RPW>(w2, o0, n_o, t, slot_pair, H, d, I, Y);
+    if constexpr (MAXR >= 2)
+      if (t.count <= 2) return down_multi<F, 2, RPW>(w2, o0, n_o, t, slot_pair, H, d, I, Y);
+  }
+  for (int q = 0; q < n_o; ++q) {
+    if (t.count <= 1) down_rows<F, 1, VEC>(w2, o0 + q, t, slot_pair, H, d, I, Y);
+    else if constexpr (MAXR <= 4) down_rows<F, MAXR, VEC>(w2, o0 + q, t, slot_pair, H, d, I, Y);
+    else if (t.count <= 4) down_rows<F, 4, VEC>(w2, o0 + q, t, slot_pair, H, d, I, Y);
+    else down_rows<F, MAXR, VEC>(w2, o0 + q, t, slot_pair, H, d, I, Y);
+  }
+}
+
+template <int F, bool VEC, int MAXR>
 __global__ void __launch_bounds__(kWarps * 32) down_gemv(const DevWeight* __restrict__ tab, const Tile* __restrict__ tiles,
                                                          const int32_t* __restrict__ n_tiles, const int32_t* __restrict__ slot_pair,
                                                          const float* __restrict__ H, int64_t d, int64_t I, float* __restrict__ Y) {
@@ -170,15 +207,8 @@ __global__ void __launch_bounds__(kWarps * 32) down_gemv(const DevWeight* __rest
   if (o0 >= d) return;
   const int n_o = static_cast<int>(d - o0 < RPW ? d - o0 : RPW);
   const DevWeight w2 = tab[3 * t.expert + 1];
-  if constexpr (VEC) {
-    if (t.count <= 1) return down_multi<F, 1, RPW>(w2, o0, n_o, t, slot_pair, H, d, I, Y);
-    if (t.count <= 2) return down_multi<F, 2, RPW>(w2, o0, n_o, t, slot_pair, H, d, I, Y);
-  }
-  for (int q = 0; q < n_o; ++q) {
-    if (t.count <= 1) down_rows<F, 1, VEC>(w2, o0 + q, t, slot_pair, H, d, I, Y);
-    else if (t.count <= 4) down_rows<F, 4, VEC>(w2, o0 + q, t, slot_pair, H, d, I, Y);
-    else down_rows<F, kGemvTile, VEC>(w2, o0 + q, t, slot_pair, H, d, I, Y);
-  }
+  for (int b = 0; b < t.count; b += MAXR)
+    down_tile_rows<F, VEC, MAXR>(w2, o0, n_o, sub_tile(t, b, MAXR), slot_pair, H, d, I, Y);
 }
 
 // ---- many tokens per expert: SIMT tiles -------------------------------------------------------
@@ -252,9 +282,7 @@ __global__ void combine_kernel(const float* __restrict__ Y, const int32_t* __res
 
 unsigned blocks256(int64_t n) { return static_cast<unsigned>((n + 255) / 256); }
 
-void grow(DeviceBuffer& b, size_t bytes) {
-  if (b.bytes() < bytes) b = DeviceBuffer(bytes + bytes / 4);
-}
+void grow(DeviceBuffer& b, size_t bytes) { grow_scratch(b, bytes); }
 
 }  // namespace
 
@@ -289,6 +317,7 @@ struct MoeRunner::Impl {
     t.fmt = host[0].fmt;
     for (const auto& w : host) DSV4_CHECK(w.fmt == t.fmt, "MoeRunner: experts must share one format");
     t.tab = to_device(host);
+    note_scratch_alloc();
     return tables.emplace(key, std::move(t)).first->second;
   }
 };
@@ -298,30 +327,42 @@ MoeRunner::~MoeRunner() = default;
 
 namespace {
 
-template <int F, bool VEC>
+template <int F, bool VEC, int MAXR>
 void launch_gemv(const DevWeight* tab, const Tile* tiles, const int32_t* nt, const int32_t* sp, int K, const float* x,
                  int64_t d, int64_t I, float limit, float* H, const float* Hin, float* Y, unsigned max_tiles,
                  bool gate, cudaStream_t s) {
   constexpr int per_block = kWarps * rows_per_warp(VEC);
   if (gate) {
     const dim3 grid(static_cast<unsigned>((I + per_block - 1) / per_block), max_tiles);
-    gateup_gemv<F, VEC><<<grid, kWarps * 32, 0, s>>>(tab, tiles, nt, sp, K, x, d, I, limit, H);
+    gateup_gemv<F, VEC, MAXR><<<grid, kWarps * 32, 0, s>>>(tab, tiles, nt, sp, K, x, d, I, limit, H);
   } else {
     const dim3 grid(static_cast<unsigned>((d + per_block - 1) / per_block), max_tiles);
-    down_gemv<F, VEC><<<grid, kWarps * 32, 0, s>>>(tab, tiles, nt, sp, Hin, d, I, Y);
+    down_gemv<F, VEC, MAXR><<<grid, kWarps * 32, 0, s>>>(tab, tiles, nt, sp, Hin, d, I, Y);
   }
   DSV4_CUDA_LAUNCH_CHECK();
 }
 
+template <int F, bool VEC>
+void launch_gemv_maxr(int maxr, const DevWeight* tab, const Tile* tiles, const int32_t* nt, const int32_t* sp, int K,
+                      const float* x, int64_t d, int64_t I, float limit, float* H, const float* Hin, float* Y,
+                      unsigned max_tiles, bool gate, cudaStream_t s) {
+  switch (maxr) {
+    case 1: return launch_gemv<F, VEC, 1>(tab, tiles, nt, sp, K, x, d, I, limit, H, Hin, Y, max_tiles, gate, s);
+    case 2: return launch_gemv<F, VEC, 2>(tab, tiles, nt, sp, K, x, d, I, limit, H, Hin, Y, max_tiles, gate, s);
+    case 4: return launch_gemv<F, VEC, 4>(tab, tiles, nt, sp, K, x, d, I, limit, H, Hin, Y, max_tiles, gate, s);
+    default: return launch_gemv<F, VEC, kGemvTile>(tab, tiles, nt, sp, K, x, d, I, limit, H, Hin, Y, max_tiles, gate, s);
+  }
+}
+
 template <bool VEC>
-void dispatch_gemv(int fmt, const DevWeight* tab, const Tile* tiles, const int32_t* nt, const int32_t* sp, int K,
-                   const float* x, int64_t d, int64_t I, float limit, float* H, const float* Hin, float* Y,
+void dispatch_gemv(int fmt, int maxr, const DevWeight* tab, const Tile* tiles, const int32_t* nt, const int32_t* sp,
+                   int K, const float* x, int64_t d, int64_t I, float limit, float* H, const float* Hin, float* Y,
                    unsigned max_tiles, bool gate, cudaStream_t s) {
   switch (fmt) {
-    case kF32: return launch_gemv<kF32, VEC>(tab, tiles, nt, sp, K, x, d, I, limit, H, Hin, Y, max_tiles, gate, s);
-    case kBF16: return launch_gemv<kBF16, VEC>(tab, tiles, nt, sp, K, x, d, I, limit, H, Hin, Y, max_tiles, gate, s);
-    case kFP8: return launch_gemv<kFP8, VEC>(tab, tiles, nt, sp, K, x, d, I, limit, H, Hin, Y, max_tiles, gate, s);
-    default: return launch_gemv<kFP4, VEC>(tab, tiles, nt, sp, K, x, d, I, limit, H, Hin, Y, max_tiles, gate, s);
+    case kF32: return launch_gemv_maxr<kF32, VEC>(maxr, tab, tiles, nt, sp, K, x, d, I, limit, H, Hin, Y, max_tiles, gate, s);
+    case kBF16: return launch_gemv_maxr<kBF16, VEC>(maxr, tab, tiles, nt, sp, K, x, d, I, limit, H, Hin, Y, max_tiles, gate, s);
+    case kFP8: return launch_gemv_maxr<kFP8, VEC>(maxr, tab, tiles, nt, sp, K, x, d, I, limit, H, Hin, Y, max_tiles, gate, s);
+    default: return launch_gemv_maxr<kFP4, VEC>(maxr, tab, tiles, nt, sp, K, x, d, I, limit, H, Hin, Y, max_tiles, gate, s);
   }
 }
 
@@ -366,13 +407,15 @@ void MoeRunner::run(const ExpertSet& set, const float* x, int64_t R, const int32
   if (gemv) {
     // The GEMV reads x rows (ld d) and h rows (ld I) with float4 loads.
     const bool vec = tb.aligned && reinterpret_cast<uintptr_t>(xin) % 16 == 0 && d % 32 == 0 && I % 32 == 0;
+    // Tokens per tile are at most R (one slot per token per expert): bound the kernel's rows by it.
+    const int maxr = R <= 1 ? 1 : R <= 2 ? 2 : R <= 4 ? 4 : kGemvTile;
     auto run_gemv = [&](bool gate) {
       if (vec)
-        dispatch_gemv<true>(tb.fmt, tab, tiles, nt, sp, static_cast<int>(K), xin, d, I, limit, H, H, Y, max_tiles,
-                            gate, s);
+        dispatch_gemv<true>(tb.fmt, maxr, tab, tiles, nt, sp, static_cast<int>(K), xin, d, I, limit, H, H, Y,
+                            max_tiles, gate, s);
       else
-        dispatch_gemv<false>(tb.fmt, tab, tiles, nt, sp, static_cast<int>(K), xin, d, I, limit, H, H, Y, max_tiles,
-                             gate, s);
+        dispatch_gemv<false>(tb.fmt, maxr, tab, tiles, nt, sp, static_cast<int>(K), xin, d, I, limit, H, H, Y,
+                             max_tiles, gate, s);
     };
     run_gemv(true);
     if (p == Precision::Fast) act_fake_quant_fp8(H, pairs, I, I, H, I, s);

@@ -47,6 +47,17 @@ void hc_head(const HcParams& p, const float* X, int64_t R, int64_t n, int64_t d,
 void ring_store(const float* rows, int64_t n, int64_t width, int64_t p0, float* ring, int64_t ring_rows,
                 cudaStream_t s);
 
+// ring_store for many (chunk, ring) pairs in one launch, the jobs read from device memory (a
+// forward's descriptor blob), so a captured CUDA graph stays valid as positions advance.
+struct RingJob {
+  const float* rows;  // chunk rows [n, width]: positions p0 .. p0 + n - 1
+  int64_t p0, n, width;
+  float* ring;        // [ring_rows, width]
+  int64_t ring_rows;
+};
+// max_rows >= min(n, ring_rows) of every job (grid bound; extra blocks exit).
+void ring_store_jobs(const RingJob* jobs, int64_t n_jobs, int64_t max_rows, cudaStream_t s);
+
 // z[r, :] += ape[pos[r] % m, :] for rows of `width`.
 void add_ape(float* z, const int64_t* pos, const float* ape, int64_t R, int64_t m, int64_t width, cudaStream_t s);
 
@@ -59,7 +70,8 @@ struct PoolJob {
   const float* ring_a;
   const float* ring_z;
   int64_t ring_rows;
-  int64_t w;    // window index: pools positions [w m, (w+1) m) (and [(w-1) m, w m) lo-halves with overlap)
+  int64_t w;    // window index: pools positions [w m, (w+1) m) (and [(w-1) m, w m) lo-halves with overlap);
+                // w < 0: padding (no window), the block exits — job counts stay fixed per shape
   float* out;   // [c]: written as RMSNorm(pooled; gamma) then RoPE at position w*m
 };
 // jobs: device array of n_jobs PoolJob.

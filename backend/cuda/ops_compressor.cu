@@ -22,6 +22,7 @@ __global__ void compressor_pool_kernel(const PoolJob* jobs, int64_t m, int64_t c
   extern __shared__ float C[];  // [c]
   __shared__ double red[32];
   const PoolJob J = jobs[blockIdx.x];
+  if (J.w < 0) return;  // padding job
   const int64_t width = (overlap ? 2 : 1) * c, w = J.w;
   const int64_t lo_begin = (overlap && w > 0) ? (w - 1) * m : w * m;  // lo-halves first, as the CPU
   const int64_t hi_begin = w * m, end = (w + 1) * m;

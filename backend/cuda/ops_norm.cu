@@ -122,9 +122,26 @@ __global__ void ring_store_kernel(const float* rows, int64_t width, int64_t p0, 
   for (int64_t c = threadIdx.x; c < width; c += blockDim.x) dst[c] = src[c];
 }
 
+// blockIdx.y = job, blockIdx.x = i-th stored row of that job.
+__global__ void ring_store_jobs_kernel(const RingJob* jobs) {
+  const RingJob J = jobs[blockIdx.y];
+  const int64_t first = max(J.p0, J.p0 + J.n - J.ring_rows), t = first + blockIdx.x;
+  if (t >= J.p0 + J.n) return;
+  const float* src = J.rows + (t - J.p0) * J.width;
+  float* dst = J.ring + (t % J.ring_rows) * J.width;
+  for (int64_t c = threadIdx.x; c < J.width; c += blockDim.x) dst[c] = src[c];
+}
+
 int row_threads(int64_t n) { return n >= 1024 ? 256 : 128; }
 
 }  // namespace
+
+void ring_store_jobs(const RingJob* jobs, int64_t n_jobs, int64_t max_rows, cudaStream_t s) {
+  DSV4_CHECK(n_jobs < 65536, "cuda::ring_store_jobs: too many jobs");
+  if (n_jobs <= 0 || max_rows <= 0) return;
+  ring_store_jobs_kernel<<<dim3(static_cast<unsigned>(max_rows), static_cast<unsigned>(n_jobs)), 128, 0, s>>>(jobs);
+  DSV4_CUDA_LAUNCH_CHECK();
+}
 
 void embed(const WeightView& table, const int32_t* tok, int64_t rows, int64_t copies, float* X, cudaStream_t s) {
   DSV4_CHECK(table.format == WeightFormat::FP8Block ||

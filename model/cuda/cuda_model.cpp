@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <set>
@@ -20,8 +21,7 @@ struct CudaModel::Workspace {
   template <typename T>
   T* get(const std::string& name, int64_t count) {
     auto& b = bufs[name];
-    const size_t need = static_cast<size_t>(std::max<int64_t>(count, 1)) * sizeof(T);
-    if (b.bytes() < need) b = cuda::DeviceBuffer(need + need / 2);
+    cuda::grow_scratch(b, static_cast<size_t>(std::max<int64_t>(count, 1)) * sizeof(T), 2);
     return b.as<T>();
   }
 };
@@ -45,14 +45,21 @@ struct CallSegment {
 
 namespace {
 
-// Windows closing inside [p0, p0 + n): w in [p0/m, (p0+n)/m - 1].
+// Windows closing inside [p0, p0 + n): w in [p0/m, (p0+n)/m - 1], padded with w = -1 jobs to
+// ceil(n/m), the most a chunk of n rows can close: the job count (and so the blob layout and the
+// launch) depends only on the call's shape, which a captured CUDA graph needs.
 void add_pool_jobs(std::vector<cuda::PoolJob>& jobs, const CallSegment& s, int64_t m, int64_t width, const float* a,
                    const float* z, const float* ring_a, const float* ring_z, int64_t ring_rows, float* entries,
                    int64_t c) {
-  for (int64_t w = s.p0 / m; w < (s.p0 + s.n) / m; ++w)
-    jobs.push_back(cuda::PoolJob{a + s.row0 * width, z + s.row0 * width, s.p0, ring_a, ring_z, ring_rows, w,
-                                 entries + w * c});
+  const int64_t w0 = s.p0 / m, w1 = (s.p0 + s.n) / m;
+  for (int64_t w = w0; w < w0 + (s.n + m - 1) / m; ++w)
+    jobs.push_back(cuda::PoolJob{a + s.row0 * width, z + s.row0 * width, s.p0, ring_a, ring_z, ring_rows,
+                                 w < w1 ? w : -1, w < w1 ? entries + w * c : nullptr});
 }
+
+// Grid bound of indexer_topk's scoring: n_visible rounded up, so that decode steps keep one
+// launch shape (and one CUDA graph) for 1024 entries = 4096 tokens at ratio 4.
+int64_t visible_bucket(int64_t n) { return (n + 1023) / 1024 * 1024; }
 
 }  // namespace
 
@@ -61,10 +68,25 @@ CudaModel::CudaModel(const ModelWeights& w, cuda::Precision precision)
   DSV4_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   fast_ = std::make_unique<cuda::FastLinear>();
   moe_ = std::make_unique<cuda::MoeRunner>();
+  const char* env = std::getenv("DSV4_CUDA_GRAPHS");
+  graphs_on_ = !(env && std::string(env) == "0");
 }
 
 CudaModel::~CudaModel() {
+  graphs_.clear();
   if (stream_) cudaStreamDestroy(stream_);
+}
+
+void CudaModel::set_graphs(bool on) {
+  if (!on) {
+    DSV4_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    graphs_.clear();
+  }
+  graphs_on_ = on;
+}
+
+void CudaModel::mark(const char* op) {
+  if (prof_) prof_->mark(op, stream_);
 }
 
 void CudaModel::linear(const WeightView& w, const float* x, int64_t rows, float* y, int64_t row_begin,
@@ -102,6 +124,9 @@ struct CudaModel::Rows {
 struct CudaModel::LayerDesc {
   size_t attn = 0, idx_rows = 0, cmp_jobs = 0, idx_jobs = 0;
   int64_t n_cmp = 0, n_idx = 0, max_visible = 0;
+  // Ring stores: compressor (a, z per segment), indexer compressor, and the window ring.
+  size_t cmp_ring = 0, idx_ring = 0, kv_ring = 0;
+  int64_t n_cmp_ring = 0, n_idx_ring = 0, n_kv_ring = 0, cmp_ring_rows = 0, idx_ring_rows = 0, kv_ring_rows = 0;
 };
 
 // Scratch activations of one call (workspace buffers sized for its rows).
@@ -180,6 +205,8 @@ CudaModel::LayerDesc CudaModel::describe_layer(const DeviceLayer& L, size_t li, 
   std::vector<cuda::AttnRow> arows;
   std::vector<cuda::IndexerRow> irows;
   std::vector<cuda::PoolJob> cj, ij;
+  std::vector<cuda::RingJob> cr, ir, kr;
+  int64_t max_n = 0;
   for (const CallSegment& sg : rows.segs) {
     const DeviceLayerState& st = sg.seq->layers[li];
     for (int64_t i = 0; i < sg.n; ++i) {
@@ -194,11 +221,23 @@ CudaModel::LayerDesc CudaModel::describe_layer(const DeviceLayer& L, size_t li, 
       }
       arows.push_back(ar);
     }
-    if (L.kind != AttnKind::SWA)
+    max_n = std::max(max_n, sg.n);
+    kr.push_back({a.kv + sg.row0 * D, sg.p0, sg.n, D, st.ring, cfg.sliding_window});
+    if (L.kind != AttnKind::SWA) {
       add_pool_jobs(cj, sg, m, st.cmp_width, a.ca, a.cz, st.cmp_a, st.cmp_z, st.cmp_rows, st.entries, D);
-    if (L.kind == AttnKind::CSA)
+      const int64_t wd = st.cmp_width;
+      cr.push_back({a.ca + sg.row0 * wd, sg.p0, sg.n, wd, st.cmp_a, st.cmp_rows});
+      cr.push_back({a.cz + sg.row0 * wd, sg.p0, sg.n, wd, st.cmp_z, st.cmp_rows});
+      ld.cmp_ring_rows = std::max(ld.cmp_ring_rows, st.cmp_rows);
+    }
+    if (L.kind == AttnKind::CSA) {
       add_pool_jobs(ij, sg, m, st.idx_width, a.ia, a.iz, st.idx_a, st.idx_z, st.idx_rows, st.idx_keys,
                     cfg.index_head_dim);
+      const int64_t wd = st.idx_width;
+      ir.push_back({a.ia + sg.row0 * wd, sg.p0, sg.n, wd, st.idx_a, st.idx_rows});
+      ir.push_back({a.iz + sg.row0 * wd, sg.p0, sg.n, wd, st.idx_z, st.idx_rows});
+      ld.idx_ring_rows = std::max(ld.idx_ring_rows, st.idx_rows);
+    }
   }
   ld.attn = blob.add(arows);
   ld.idx_rows = blob.add(irows);
@@ -206,6 +245,17 @@ CudaModel::LayerDesc CudaModel::describe_layer(const DeviceLayer& L, size_t li, 
   ld.idx_jobs = blob.add(ij);
   ld.n_cmp = static_cast<int64_t>(cj.size());
   ld.n_idx = static_cast<int64_t>(ij.size());
+  ld.max_visible = visible_bucket(ld.max_visible);
+  ld.cmp_ring = blob.add(cr);
+  ld.idx_ring = blob.add(ir);
+  ld.kv_ring = blob.add(kr);
+  ld.n_cmp_ring = static_cast<int64_t>(cr.size());
+  ld.n_idx_ring = static_cast<int64_t>(ir.size());
+  ld.n_kv_ring = static_cast<int64_t>(kr.size());
+  // Grid rows of each ring store: the longest chunk, at most the ring (older rows are overwritten).
+  ld.cmp_ring_rows = std::min(max_n, ld.cmp_ring_rows);
+  ld.idx_ring_rows = std::min(max_n, ld.idx_ring_rows);
+  ld.kv_ring_rows = std::min(max_n, cfg.sliding_window);
   return ld;
 }
 
@@ -232,69 +282,90 @@ void CudaModel::run_layer(const DeviceLayer& L, size_t li, const float* rope, co
 
   // ---- attention sub-layer
   cuda::hc_pre(L.hc_attn, X, R, n, d, cfg.hc_sinkhorn_iters, hc_eps, eps, a.pre, a.post, a.comb, u, s);
+  mark("hc_pre");
   cuda::rms_norm(u, L.attn_norm, u, R, d, eps, s);
+  mark("norms");
   linear(L.wq_a, u, R, qr);
+  mark("wq_a");
   cuda::rms_norm(qr, L.q_norm, qr, R, ql, eps, s);
+  mark("norms");
   linear(L.wq_b, qr, R, q);
+  mark("wq_b");
   cuda::rms_norm(q, nullptr, q, R * H, D, eps, s);
   cuda::rope(q, R, H, D, rope, P, a.pos, false, s);
+  mark("q norm+rope");
   linear(L.wkv, u, R, kv);
+  mark("wkv");
   cuda::rms_norm(kv, L.kv_norm, kv, R, D, eps, s);
   cuda::rope(kv, R, 1, D, rope, P, a.pos, false, s);
+  mark("kv norm+rope");
 
   if (L.kind != AttnKind::SWA) {  // compressor (fp32 weights & math, as the official demo)
     const int64_t width = (L.kind == AttnKind::CSA ? 2 : 1) * D;
     linear(L.compressor.wkv, u, R, a.ca, 0, -1, -1, -1, true);
     linear(L.compressor.wgate, u, R, a.cz, 0, -1, -1, -1, true);
+    mark("compressor linears");
     cuda::add_ape(a.cz, a.pos, L.compressor.ape, R, m, width, s);
     cuda::compressor_pool(reinterpret_cast<const cuda::PoolJob*>(at(ld.cmp_jobs)), ld.n_cmp, m, D,
                           L.kind == AttnKind::CSA, L.compressor.norm, eps, rope, P, s);
-    for (const CallSegment& sg : rows.segs) {
-      const DeviceLayerState& st = sg.seq->layers[li];
-      cuda::ring_store(a.ca + sg.row0 * width, sg.n, width, sg.p0, st.cmp_a, st.cmp_rows, s);
-      cuda::ring_store(a.cz + sg.row0 * width, sg.n, width, sg.p0, st.cmp_z, st.cmp_rows, s);
-    }
+    cuda::ring_store_jobs(reinterpret_cast<const cuda::RingJob*>(at(ld.cmp_ring)), ld.n_cmp_ring, ld.cmp_ring_rows, s);
+    mark("compressor pool+ring");
   }
   if (L.kind == AttnKind::CSA) {  // lightning indexer
     const int64_t width = 2 * dI;
     linear(L.idx_compressor.wkv, u, R, a.ia, 0, -1, -1, -1, true);
     linear(L.idx_compressor.wgate, u, R, a.iz, 0, -1, -1, -1, true);
+    mark("indexer compressor linears");
     cuda::add_ape(a.iz, a.pos, L.idx_compressor.ape, R, m, width, s);
     cuda::compressor_pool(reinterpret_cast<const cuda::PoolJob*>(at(ld.idx_jobs)), ld.n_idx, m, dI, true,
                           L.idx_compressor.norm, eps, rope, P, s);
-    for (const CallSegment& sg : rows.segs) {
-      const DeviceLayerState& st = sg.seq->layers[li];
-      cuda::ring_store(a.ia + sg.row0 * width, sg.n, width, sg.p0, st.idx_a, st.idx_rows, s);
-      cuda::ring_store(a.iz + sg.row0 * width, sg.n, width, sg.p0, st.idx_z, st.idx_rows, s);
-    }
+    cuda::ring_store_jobs(reinterpret_cast<const cuda::RingJob*>(at(ld.idx_ring)), ld.n_idx_ring, ld.idx_ring_rows, s);
+    mark("compressor pool+ring");
     linear(L.idx_wq_b, qr, R, a.qI);
     cuda::rope(a.qI, R, nI, dI, rope, P, a.pos, false, s);
+    mark("indexer wq_b+rope");
     linear(L.idx_weights_proj, u, R, a.omega, 0, -1, -1, -1, true);
     cuda::scale_inplace(a.omega, R * nI, 1.0f / std::sqrt(static_cast<float>(dI)) / std::sqrt(static_cast<float>(nI)), s);
+    mark("indexer weights_proj");
     cuda::indexer_topk(a.qI, a.omega, reinterpret_cast<const cuda::IndexerRow*>(at(ld.idx_rows)), R, nI, dI, topk,
                        std::max<int64_t>(ld.max_visible, 1), a.sel, s);
+    mark("indexer_topk");
   }
   cuda::sparse_attention(q, reinterpret_cast<const cuda::AttnRow*>(at(ld.attn)), R, H, D, W, L.sink, o, s);
+  mark("sparse_attention");
   cuda::rope(o, R, H, D, rope, P, a.pos, true, s);
-  for (const CallSegment& sg : rows.segs)
-    cuda::ring_store(kv + sg.row0 * D, sg.n, D, sg.p0, sg.seq->layers[li].ring, W, s);
+  cuda::ring_store_jobs(reinterpret_cast<const cuda::RingJob*>(at(ld.kv_ring)), ld.n_kv_ring, ld.kv_ring_rows, s);
+  mark("inverse rope+kv ring");
   const int64_t gin = H * D / G;  // grouped low-rank output
-  for (int64_t g = 0; g < G; ++g) linear(L.wo_a, o + g * gin, R, a.y + g * Ro, g * Ro, (g + 1) * Ro, H * D, G * Ro);
+  DSV4_CHECK(L.wo_a.in == gin && L.wo_a.out == G * Ro, "wo_a: expected [", G * Ro, ", ", gin, "]");
+  if (precision_ == cuda::Precision::Exact)
+    cuda::linear_exact_grouped(L.wo_a, G, o, R, a.y, H * D, G * Ro, s);
+  else
+    fast_->run_grouped(L.wo_a, G, o, R, a.y, H * D, G * Ro, s);
+  mark("wo_a");
   linear(L.wo_b, a.y, R, F);
+  mark("wo_b");
   cuda::hc_post(a.post, a.comb, F, X, R, n, d, s);
+  mark("hc_post");
 
   // ---- MoE sub-layer
   cuda::hc_pre(L.hc_ffn, X, R, n, d, cfg.hc_sinkhorn_iters, hc_eps, eps, a.pre, a.post, a.comb, u, s);
+  mark("hc_pre");
   cuda::rms_norm(u, L.ffn_norm, u, R, d, eps, s);
+  mark("norms");
   linear(L.gate, u, R, a.glog, 0, -1, -1, -1, true);  // router in fp32
   cuda::moe_route(a.glog, L.gate_bias, L.tid2eid, a.tok, R, E, K, static_cast<float>(cfg.routed_scaling_factor),
                   a.experts, a.eweights, s);
+  mark("router");
   linear(L.shared_w1, u, R, a.gu, 0, -1, d, 2 * I);
   linear(L.shared_w3, u, R, a.gu + I, 0, -1, d, 2 * I);
   cuda::swiglu(a.gu, R, I, static_cast<float>(cfg.swiglu_limit), a.hbuf, s);
   linear(L.shared_w2, a.hbuf, R, F);
+  mark("shared expert");
   moe_->run(L.experts, u, R, a.experts, a.eweights, K, static_cast<float>(cfg.swiglu_limit), F, precision_, s);
+  mark("routed experts");
   cuda::hc_post(a.post, a.comb, F, X, R, n, d, s);
+  mark("hc_post");
 }
 
 // hc_head → RMSNorm → the shared head on the output rows of a.X (fp32, as the official demo);
@@ -308,6 +379,7 @@ const float* CudaModel::head(const cuda::HcParams& hc, const float* norm, const 
   float* hh = ws_->get<float>("hh", O * d);
   float* logits = ws_->get<float>("logits", O * V);
   cuda::gather_rows(a.X, a.out, O, n * d, Xo, stream_);
+  mark("head gather");
   if (out_streams) {
     out_streams->resize(static_cast<size_t>(O * n * d));
     DSV4_CUDA_CHECK(cudaMemcpyAsync(out_streams->data(), Xo, out_streams->size() * sizeof(float),
@@ -315,7 +387,9 @@ const float* CudaModel::head(const cuda::HcParams& hc, const float* norm, const 
   }
   cuda::hc_head(hc, Xo, O, n, d, hc_eps, eps, hh, stream_);
   cuda::rms_norm(hh, norm, hh, O, d, eps, stream_);
+  mark("hc_head+norm");
   linear(dw_.head, hh, O, logits, 0, -1, -1, -1, true);
+  mark("head linear");
   return logits;
 }
 
@@ -345,20 +419,42 @@ int64_t CudaModel::forward_device(std::span<const DeviceChunk> chunks, bool all_
   a.pos = reinterpret_cast<const int64_t*>(a.blob + off_pos);
   a.out = reinterpret_cast<const int64_t*>(a.blob + off_out);
 
-  cuda::embed(dw_.embed, a.tok, R, n, a.X, stream_);
-  for (size_t li = 0; li < dw_.layers.size(); ++li) {
-    const DeviceLayer& L = dw_.layers[li];
-    run_layer(L, li, L.kind == AttnKind::SWA ? dw_.rope_swa : dw_.rope_compressed, ld[li], rows, a);
-  }
-  if (hidden) {  // every row's streams, before the head reduces them (synchronised below)
+  const float* logits = nullptr;
+  auto body = [&] {
+    cuda::embed(dw_.embed, a.tok, R, n, a.X, stream_);
+    mark("embed");
+    for (size_t li = 0; li < dw_.layers.size(); ++li) {
+      const DeviceLayer& L = dw_.layers[li];
+      run_layer(L, li, L.kind == AttnKind::SWA ? dw_.rope_swa : dw_.rope_compressed, ld[li], rows, a);
+    }
+    logits = head(dw_.hc_head, dw_.norm, rows, a, nullptr);
+  };
+  bool graphable = graphs_on_ && !prof_ && R <= kGraphMaxRows;
+  for (const CallSegment& sg : rows.segs) graphable = graphable && sg.n <= kGraphMaxChunk;
+  if (prof_) prof_->begin(stream_);
+  if (graphable)
+    graphs_.run(graph_key(rows, ld, blob.bytes.size()), stream_, body);
+  else
+    body();
+  if (prof_) prof_->end();
+  if (hidden) {  // every row's streams after the last block (the head reads X, never writes it)
     hidden->resize(static_cast<size_t>(R * n * d));
     DSV4_CUDA_CHECK(cudaMemcpyAsync(hidden->data(), a.X, hidden->size() * sizeof(float), cudaMemcpyDeviceToHost, stream_));
   }
-  const float* logits = head(dw_.hc_head, dw_.norm, rows, a, nullptr);
   DSV4_CUDA_CHECK(cudaStreamSynchronize(stream_));  // also keeps `blob` alive for its async upload
   for (const CallSegment& sg : rows.segs) sg.seq->pos += sg.n;
   *logits_out = logits;
   return rows.O();
+}
+
+// Everything a captured forward bakes into its launches besides scratch addresses: the row and
+// output counts, each chunk's length (job and ring-store counts), the indexer's grid bound per
+// layer, and the blob size (its offsets follow from the rest).
+std::vector<int64_t> CudaModel::graph_key(const Rows& rows, const std::vector<LayerDesc>& ld, size_t blob_bytes) const {
+  std::vector<int64_t> key = {rows.R(), rows.O(), static_cast<int64_t>(blob_bytes), static_cast<int64_t>(rows.segs.size())};
+  for (const CallSegment& sg : rows.segs) key.push_back(sg.n);
+  for (const LayerDesc& l : ld) key.push_back(l.max_visible);
+  return key;
 }
 
 DeviceSequence CudaModel::new_mtp_sequence(int64_t capacity) const {

@@ -13,6 +13,8 @@
 #include "backend/cuda/moe.h"
 #include "model/cuda/device_state.h"
 #include "model/cuda/device_weights.h"
+#include "model/cuda/graph_cache.h"
+#include "model/cuda/op_profile.h"
 
 namespace dsv4 {
 
@@ -62,6 +64,14 @@ class CudaModel {
   // Tests: fill every scratch buffer with NaN bytes before each call, so a kernel that leaves
   // an element unwritten shows up as NaN in the logits.
   void set_poison(bool on) { poison_ = on; }
+  // CUDA graphs for decode-shaped calls (every chunk <= kGraphMaxChunk tokens, <= kGraphMaxRows
+  // rows): on by default, off with set_graphs(false) or DSV4_CUDA_GRAPHS=0.
+  static constexpr int64_t kGraphMaxChunk = 4, kGraphMaxRows = 512;
+  void set_graphs(bool on);
+  bool graphs() const { return graphs_on_; }
+  const GraphCache::Stats& graph_stats() const { return graphs_.stats(); }
+  // Per-op timing of the following calls (forces eager launches); nullptr stops it.
+  void set_profile(OpProfile* p) { prof_ = p; }
 
  private:
   struct Workspace;
@@ -77,6 +87,8 @@ class CudaModel {
   const float* head(const cuda::HcParams& hc, const float* norm, const Rows& rows, const Acts& a,
                     std::vector<float>* out_streams);
   void poison_workspace();
+  void mark(const char* op);
+  std::vector<int64_t> graph_key(const Rows& rows, const std::vector<LayerDesc>& ld, size_t blob_bytes) const;
   void linear(const WeightView& w, const float* x, int64_t rows, float* y, int64_t row_begin = 0,
               int64_t row_end = -1, int64_t ldx = -1, int64_t ldy = -1, bool exact = false);
 
@@ -87,6 +99,9 @@ class CudaModel {
   std::unique_ptr<cuda::MoeRunner> moe_;
   std::unique_ptr<Workspace> ws_;
   bool poison_ = false;
+  GraphCache graphs_;
+  bool graphs_on_ = true;
+  OpProfile* prof_ = nullptr;
 };
 
 }  // namespace dsv4

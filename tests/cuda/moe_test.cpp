@@ -62,8 +62,10 @@ void cpu_moe(const Experts& ex, const std::vector<float>& x_in, int64_t R, const
     }
 }
 
-// Distinct random experts per row (top-k), positive weights.
-void route(int64_t R, int64_t K, int E, std::vector<int32_t>& experts, std::vector<float>& weights) {
+// Distinct random experts per row (top-k), positive weights; repeat: each row names only two
+// experts, each several times (a hash table may; tiles then exceed the kernels' row bound).
+void route(int64_t R, int64_t K, int E, std::vector<int32_t>& experts, std::vector<float>& weights,
+           bool repeat = false) {
   std::vector<int32_t> ids(E);
   std::iota(ids.begin(), ids.end(), 0);
   std::uniform_real_distribution<float> wd(0.1f, 1.5f);
@@ -72,20 +74,21 @@ void route(int64_t R, int64_t K, int E, std::vector<int32_t>& experts, std::vect
   for (int64_t r = 0; r < R; ++r) {
     std::shuffle(ids.begin(), ids.end(), rng());
     for (int64_t k = 0; k < K; ++k) {
-      experts[r * K + k] = ids[k];
+      experts[r * K + k] = ids[repeat ? k % 2 : k];
       weights[r * K + k] = wd(rng());
     }
   }
 }
 
-double run_moe(const Experts& ex, int64_t R, int64_t K, float limit, cuda::Precision p, cuda::MoeRunner& runner) {
+double run_moe(const Experts& ex, int64_t R, int64_t K, float limit, cuda::Precision p, cuda::MoeRunner& runner,
+               bool repeat = false) {
   const int E = static_cast<int>(ex.w1.size());
   const int64_t d = ex.dev.d;
   // x scaled so that W1 x / W3 x often exceed the clamp limit.
   const std::vector<float> x = randn(static_cast<size_t>(R * d), 0.5f);
   std::vector<int32_t> experts;
   std::vector<float> weights;
-  route(R, K, E, experts, weights);
+  route(R, K, E, experts, weights, repeat);
   const std::vector<float> out0 = randn(static_cast<size_t>(R * d));
   std::vector<float> ref(out0);
   cpu_moe(ex, x, R, experts, weights, K, limit, p == cuda::Precision::Fast, ref);
@@ -121,8 +124,9 @@ TEST(CudaMoe, MatchesCpuExperts) {
   for (const MoeCase& c : cases) {
     const Experts ex = make_experts(c.kind, c.E, c.d, c.I);
     cuda::MoeRunner runner;
-    // R = 1, 3, 17: GEMV tiles; 300: 64-token SIMT tiles (pairs > 8 E).
-    for (int64_t R : {1, 3, 17, 300}) {
+    // R = 1, 2, 3, 17: GEMV tiles (kernels bounded at 1, 2, 4, 16 rows per tile); 300: 64-token
+    // SIMT tiles (pairs > 8 E).
+    for (int64_t R : {1, 2, 3, 17, 300}) {
       for (float limit : {10.f, 0.f}) {
         char buf[160];
         std::snprintf(buf, sizeof buf, "%s E=%d d=%lld I=%lld K=%lld R=%lld limit=%g", kind_name(c.kind).c_str(), c.E,
@@ -134,6 +138,11 @@ TEST(CudaMoe, MatchesCpuExperts) {
         EXPECT_LE(fast_err, 1e-2) << buf;
         std::printf("moe %-55s exact %.2e fast %.2e\n", buf, ex_err, fast_err);
       }
+    }
+    // Repeated experts within a token: tiles of K/2 x R slots on kernels bounded at R rows.
+    for (int64_t R : {1, 2, 3}) {
+      const double err = run_moe(ex, R, c.K, 10.f, cuda::Precision::Exact, runner, true);
+      EXPECT_LE(err, 1e-5) << kind_name(c.kind) << " repeated experts R=" << R;
     }
   }
 }

@@ -53,11 +53,17 @@ TEST_P(CudaOpsCompressor, PoolMatchesCompressorSegment) {
   for (int64_t win = 0; (win + 1) * m <= N; ++win)
     if ((overlap && win > 0 ? win - 1 : win) * m >= chunk_p0 - ring_rows) wins.push_back(win);
   ASSERT_GE(wins.size(), 4u);
-  DeviceBuffer dout = poisoned<float>(wins.size() * c);
+  // One more output slot, owned by a padding job (w = -1) between the real ones: it must stay
+  // untouched (the forward pads its job lists to a fixed count per shape for CUDA graphs).
+  DeviceBuffer dout = poisoned<float>((wins.size() + 1) * c);
   std::vector<cuda::PoolJob> jobs;
-  for (size_t j = 0; j < wins.size(); ++j)
+  for (size_t j = 0; j < wins.size(); ++j) {
     jobs.push_back(cuda::PoolJob{dca.as<float>(), dcz.as<float>(), chunk_p0, dra.as<float>(), drz.as<float>(),
                                  ring_rows, wins[j], dout.as<float>() + j * c});
+    if (j == 1)
+      jobs.push_back(cuda::PoolJob{dca.as<float>(), dcz.as<float>(), chunk_p0, dra.as<float>(), drz.as<float>(),
+                                   ring_rows, -1, dout.as<float>() + wins.size() * c});
+  }
   DeviceBuffer djobs = to_device(jobs);
   cuda::compressor_pool(djobs.as<cuda::PoolJob>(), static_cast<int64_t>(jobs.size()), m, c, overlap,
                         dgamma.as<float>(), 1e-6f, dfreq.as<float>(), pairs, nullptr);
@@ -67,6 +73,8 @@ TEST_P(CudaOpsCompressor, PoolMatchesCompressorSegment) {
         r(entries.begin() + wins[j] * c, entries.begin() + (wins[j] + 1) * c);
     EXPECT_LE(rel_error(g, r), 1e-5) << "window " << wins[j];
   }
+  const std::vector<float> pad = to_host<float>(dout, (wins.size() + 1) * c);
+  for (int64_t k = 0; k < c; ++k) ASSERT_TRUE(std::isnan(pad[wins.size() * c + k])) << "padding job wrote " << k;
 }
 
 // CSA attention (m 4, overlap), indexer keys (c 128), HCA (m 128, no overlap).

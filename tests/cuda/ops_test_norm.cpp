@@ -157,6 +157,30 @@ TEST(CudaOpsNorm, AddApeAndRingStore) {
     cuda::ring_store(drows.as<float>(), n, width, p0, dring.as<float>(), ring_rows, nullptr);
     EXPECT_EQ(to_host<float>(dring, want.size()), want) << "p0 " << p0 << " n " << n;
   }
+
+  // The same cases as jobs of one ring_store_jobs launch (each job its own ring and width),
+  // with a grid bound above every job's row count; the bytes after each ring stay untouched.
+  struct Case {
+    int64_t p0, n, width, ring_rows;
+  };
+  const std::vector<Case> cases = {{13, 20, 260, 8}, {5, 3, 7, 8}, {0, 8, 64, 8}, {40, 1, 33, 128}, {3, 1, 5, 4}};
+  std::vector<DeviceBuffer> srcs, rings;
+  std::vector<std::vector<float>> wants;
+  std::vector<cuda::RingJob> jobs;
+  for (const Case& c : cases) {
+    const std::vector<float> rows = randn(c.n * c.width), ring0 = randn((c.ring_rows + 1) * c.width);
+    std::vector<float> want = ring0;
+    for (int64_t t = std::max(c.p0, c.p0 + c.n - c.ring_rows); t < c.p0 + c.n; ++t)
+      std::copy_n(rows.data() + (t - c.p0) * c.width, c.width, want.data() + (t % c.ring_rows) * c.width);
+    srcs.push_back(to_device(rows));
+    rings.push_back(to_device(ring0));
+    wants.push_back(want);
+    jobs.push_back({srcs.back().as<float>(), c.p0, c.n, c.width, rings.back().as<float>(), c.ring_rows});
+  }
+  DeviceBuffer djobs = to_device(jobs);
+  cuda::ring_store_jobs(djobs.as<cuda::RingJob>(), static_cast<int64_t>(jobs.size()), 24, nullptr);
+  for (size_t i = 0; i < cases.size(); ++i)
+    EXPECT_EQ(to_host<float>(rings[i], wants[i].size()), wants[i]) << "job " << i;
 }
 
 }  // namespace
