@@ -94,19 +94,27 @@ void bench_fp8_linear(FastLinear& fast, const char* name, int64_t out, int64_t i
     views.push_back(w);
   }
   const int64_t xin = groups * in, ng = out / groups;
-  for (int64_t rows : {1, 8, 64, 256, 4096}) {
+  for (int64_t rows : {1, 2, 4, 8, 16, 64, 256, 4096}) {
+    if (groups > 1 && rows != 1 && rows != 8 && rows != 64) continue;
     DeviceBuffer x(static_cast<size_t>(rows * xin) * 4), y(static_cast<size_t>(rows * out) * 4);
     // Random activations (zeros would let the hardware skip work): N(0, 1).
     dsv4::cuda::fill_normal_f32(x.as<float>(), rows * xin, 1.f, 5 + rows, nullptr);
     const double bytes = double(wbytes + sbytes) + rows * xin * 4.0 + rows * out * 4.0, flops = 2.0 * rows * out * in;
     char buf[96];
     if (groups == 1) {
-      const double us = median_us([&](int i) {
-        fast.run(views[i % copies], x.as<float>(), rows, y.as<float>(), 0, out, in, out, nullptr);
-      });
-      std::snprintf(buf, sizeof buf, "fp8 %-5s %5lldx%-5lld rows %4lld", name, (long long)out, (long long)in,
-                    (long long)rows);
-      report(buf, us, bytes, flops);
+      // Decode sizes: the GEMV on quantised activations and cuBLASLt (rows padded to 4), both.
+      const int def = fast.gemv_max_rows();
+      for (int bound : {16, 0}) {
+        if (rows > 16 && bound == 16) continue;
+        fast.set_gemv_max_rows(bound);
+        const double us = median_us([&](int i) {
+          fast.run(views[i % copies], x.as<float>(), rows, y.as<float>(), 0, out, in, out, nullptr);
+        });
+        std::snprintf(buf, sizeof buf, "fp8 %-5s %5lldx%-5lld rows %4lld %s", name, (long long)out, (long long)in,
+                      (long long)rows, rows > 16 ? "" : bound ? "gemv" : "lt");
+        report(buf, us, bytes, flops);
+      }
+      fast.set_gemv_max_rows(def);
       continue;
     }
     const double grouped = median_us([&](int i) {

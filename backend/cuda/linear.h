@@ -39,6 +39,11 @@ class FastLinear {
   // linear_exact_grouped's contract with this class's numerics (per-group run() on big batches).
   void run_grouped(const WeightView& w, int64_t groups, const float* x, int64_t rows, float* y, int64_t ldx,
                    int64_t ldy, cudaStream_t s);
+  // Rows up to this run as GEMV on quantised activations; more go to cuBLASLt (FP8 / bf16).
+  // Default kDefaultGemvMaxRows, or DSV4_FAST_GEMV_MAX_ROWS (benchmarks compare both).
+  static constexpr int kDefaultGemvMaxRows = 2;
+  int gemv_max_rows() const { return gemv_max_rows_; }
+  void set_gemv_max_rows(int r);
   // Per-weight data (expanded FP8 scales) is cached by device address: call this when weights
   // are freed or replaced, so a new weight at a reused address is not served stale scales.
   void forget_weights();
@@ -46,6 +51,7 @@ class FastLinear {
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
+  int gemv_max_rows_ = kDefaultGemvMaxRows;
 };
 
 }  // namespace dsv4::cuda

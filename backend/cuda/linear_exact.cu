@@ -1,5 +1,7 @@
 // linear_exact: fp32 math on weights decoded in registers (decode: GEMV, one warp per output)
 // or in shared memory (larger batches: 64x64 SIMT tiles). Twin of backend/cpu/linear.cpp.
+#include <algorithm>
+
 #include "backend/cuda/check.h"
 #include "backend/cuda/linear.h"
 #include "backend/cuda/linear_kernels.cuh"
@@ -166,6 +168,15 @@ void linear_exact(const WeightView& wv, const float* x, int64_t rows, float* y, 
   if (rows <= kGemvMaxRows) return gemv(wv, x, rows, y, row_begin, n, ldx, ldy, Groups{n, 0}, s);
   const DevWeight w = detail::dev_weight(wv);
   const dim3 grid(static_cast<unsigned>((n + kTileN - 1) / kTileN), static_cast<unsigned>((rows + kTileM - 1) / kTileM));
+  // Narrow outputs at small batches (router 256, indexer weights 64, compressor 1024 outputs at
+  // 64 rows) leave the 64x64 tile grid a few blocks on 132 SMs: stream the weights once per 16
+  // rows with the GEMV instead.
+  if (static_cast<int64_t>(grid.x) * grid.y < 2 * 132) {
+    for (int64_t r0 = 0; r0 < rows; r0 += kGemvMaxRows)
+      gemv(wv, x + r0 * ldx, std::min<int64_t>(kGemvMaxRows, rows - r0), y + r0 * ldy, row_begin, n, ldx, ldy,
+           Groups{n, 0}, s);
+    return;
+  }
   tile_kernel<<<grid, kTileThreads, 0, s>>>(w, x, rows, y, row_begin, n, ldx, ldy);
   DSV4_CUDA_LAUNCH_CHECK();
 }

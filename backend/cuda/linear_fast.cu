@@ -4,7 +4,7 @@
 //    128x128 E8M0 grid is expanded once per weight (and row range) to per-row 1x128 fp32 scales
 //    and cached, so sub-ranges starting at any row (e.g. 96) work.
 //  * Dense BF16: activations rounded to bf16, bf16 GEMM, fp32 accumulate and output.
-//  * Decode (rows <= 16), FP4, F32 and shapes cuBLASLt cannot take (K % 128 for FP8, K % 8 for
+//  * Decode (rows <= gemv_max_rows()), FP4, F32 and shapes cuBLASLt cannot take (K % 128 for FP8, K % 8 for
 //    bf16, out % 16): linear_exact, on FP8-quantised activations for FP8/FP4 weights (the same
 //    numbers the FP8 GEMM multiplies, fp32 accumulation; the GEMV is bandwidth bound anyway).
 #include <cuda_bf16.h>
@@ -251,7 +251,15 @@ struct FastLinear::Impl {
   }
 };
 
-FastLinear::FastLinear() : impl_(std::make_unique<Impl>()) {}
+FastLinear::FastLinear() : impl_(std::make_unique<Impl>()) {
+  if (const char* env = std::getenv("DSV4_FAST_GEMV_MAX_ROWS")) set_gemv_max_rows(std::atoi(env));
+}
+
+void FastLinear::set_gemv_max_rows(int r) {
+  DSV4_CHECK(r >= 0 && r <= detail::kGemvMaxRows, "FastLinear: GEMV row bound must be in [0, ", detail::kGemvMaxRows,
+             "]");
+  gemv_max_rows_ = r;
+}
 FastLinear::~FastLinear() = default;
 
 void FastLinear::forget_weights() {
@@ -264,7 +272,7 @@ void FastLinear::run(const WeightView& w, const float* x, int64_t rows, float* y
   DSV4_CHECK(row_begin >= 0 && row_end <= w.out && row_begin <= row_end, "FastLinear: bad row range");
   const int64_t n = row_end - row_begin;
   if (rows <= 0 || n == 0) return;
-  const bool big = rows > detail::kGemvMaxRows && n % 16 == 0 && aligned16(w.data);
+  const bool big = rows > gemv_max_rows_ && n % 16 == 0 && aligned16(w.data);
   if (w.format == WeightFormat::FP8Block) {
     if (big && w.in % 128 == 0) {
       if (impl_->fp8_gemm(w, x, rows, y, row_begin, n, ldx, ldy, s)) return;
@@ -286,7 +294,7 @@ void FastLinear::run_grouped(const WeightView& w, int64_t groups, const float* x
              " groups");
   const int64_t ng = w.out / groups, k = w.in;
   if (rows <= 0) return;
-  if (rows <= detail::kGemvMaxRows) {
+  if (rows <= gemv_max_rows_) {
     const bool quantised = w.format == WeightFormat::FP8Block || w.format == WeightFormat::FP4Group32;
     if (!quantised) return linear_exact_grouped(w, groups, x, rows, y, ldx, ldy, s);
     if (k % 128 == 0) {  // 128-channel quant blocks never straddle a group: quantise all at once

@@ -10,13 +10,16 @@
 // Weights are read as stored (FP4 packed + E8M0); Fast = the same kernels on FP8-quantised
 // activations (x before W1/W3, h before W2), the official W4A8 numerics.
 #include <cstdio>
+#include <cstdlib>
 #include <map>
+#include <string>
 
 #include "backend/cuda/act_quant.h"
 #include "backend/cuda/check.h"
 #include "backend/cuda/device.h"
 #include "backend/cuda/linear_kernels.cuh"
 #include "backend/cuda/moe.h"
+#include "backend/cuda/moe_tiles.cuh"
 
 namespace dsv4::cuda {
 namespace {
@@ -26,9 +29,7 @@ constexpr int kMaxExperts = 1024;
 constexpr int kGemvTile = 16;
 constexpr int kWarps = 8;
 
-struct Tile {
-  int32_t expert, start, count, pad;
-};
+using Tile = MoeTile;
 
 __global__ void group_kernel(const int32_t* __restrict__ experts, int pairs, int E, int T,
                              int32_t* __restrict__ slot_pair, Tile* __restrict__ tiles, int32_t* __restrict__ n_tiles) {
@@ -291,9 +292,10 @@ struct MoeRunner::Impl {
     DeviceBuffer tab;
     int fmt = 0;
     bool aligned = false;  // every weight 16-byte aligned (VEC GEMV)
+    bool mma = false;      // the tensor-core decode path takes these experts (moe_mma.cu)
   };
   std::map<std::pair<const void*, size_t>, Table> tables;
-  DeviceBuffer slot_pair, tiles, n_tiles, H, G, V, Y, xq;
+  DeviceBuffer slot_pair, tiles, n_tiles, H, G, V, Y, xq, xq8, xsc, hq8, hsc;
 
   const Table& table(const ExpertSet& set) {
     const size_t E = set.w1.size();
@@ -316,6 +318,8 @@ struct MoeRunner::Impl {
     }
     t.fmt = host[0].fmt;
     for (const auto& w : host) DSV4_CHECK(w.fmt == t.fmt, "MoeRunner: experts must share one format");
+    const char* env = std::getenv("DSV4_MOE_MMA");
+    t.mma = !(env && std::string(env) == "0") && mma_experts_ok(host.data(), static_cast<int>(host.size()), set.d, set.I);
     t.tab = to_device(host);
     note_scratch_alloc();
     return tables.emplace(key, std::move(t)).first->second;
@@ -376,9 +380,11 @@ void MoeRunner::run(const ExpertSet& set, const float* x, int64_t R, const int32
   const int E = static_cast<int>(set.w1.size());
   const int64_t d = set.d, I = set.I, pairs = R * K;
   DSV4_CHECK(pairs < (1ll << 31), "MoeRunner: too many (row, k) pairs");
-  // Few tokens per expert on average: GEMV tiles; otherwise 64-token SIMT tiles.
+  // Few tokens per expert on average: GEMV tiles (tensor cores for FP4 experts on FP8
+  // activations); otherwise 64-token SIMT tiles.
   const bool gemv = pairs <= 8ll * E;
-  const int T = gemv ? kGemvTile : kTileM;
+  const bool mma = gemv && p == Precision::Fast && tb.mma;
+  const int T = mma ? kMmaTileTokens : gemv ? kGemvTile : kTileM;
   const unsigned max_tiles = static_cast<unsigned>((pairs + T - 1) / T + std::min<int64_t>(E, pairs));
   DSV4_CHECK(max_tiles < 65536u, "MoeRunner: tile grid too large (R too big for one call)");
 
@@ -396,6 +402,22 @@ void MoeRunner::run(const ExpertSet& set, const float* x, int64_t R, const int32
 
   group_kernel<<<1, 1024, 0, s>>>(experts, static_cast<int>(pairs), E, T, sp, tiles, nt);
   DSV4_CUDA_LAUNCH_CHECK();
+
+  if (mma) {
+    const int64_t kbd = d / 128, kbi = I / 128;
+    grow(m.xq8, R * d);
+    grow(m.xsc, kbd * R * sizeof(float));
+    grow(m.hq8, pairs * I);
+    grow(m.hsc, kbi * pairs * sizeof(float));
+    act_quant_fp8(x, R, d, d, R, m.xq8.as<uint8_t>(), d, m.xsc.as<float>(), s);
+    mma_gateup(tab, tiles, nt, max_tiles, sp, static_cast<int>(K), m.xq8.as<uint8_t>(), m.xsc.as<float>(), R, d, I,
+               limit, H, s);
+    act_quant_fp8(H, pairs, I, I, pairs, m.hq8.as<uint8_t>(), I, m.hsc.as<float>(), s);
+    mma_down(tab, tiles, nt, max_tiles, sp, m.hq8.as<uint8_t>(), m.hsc.as<float>(), pairs, d, I, Y, s);
+    combine_kernel<<<blocks256(R * d), 256, 0, s>>>(Y, experts, weights, R, static_cast<int>(K), E, d, out);
+    DSV4_CUDA_LAUNCH_CHECK();
+    return;
+  }
 
   const float* xin = x;
   if (p == Precision::Fast) {

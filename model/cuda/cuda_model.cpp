@@ -419,7 +419,8 @@ int64_t CudaModel::forward_device(std::span<const DeviceChunk> chunks, bool all_
   a.pos = reinterpret_cast<const int64_t*>(a.blob + off_pos);
   a.out = reinterpret_cast<const int64_t*>(a.blob + off_out);
 
-  const float* logits = nullptr;
+  // The head writes here (a replayed graph does not run the body's host code).
+  const float* logits = ws_->get<float>("logits", rows.O() * cfg.vocab_size);
   auto body = [&] {
     cuda::embed(dw_.embed, a.tok, R, n, a.X, stream_);
     mark("embed");
@@ -427,7 +428,7 @@ int64_t CudaModel::forward_device(std::span<const DeviceChunk> chunks, bool all_
       const DeviceLayer& L = dw_.layers[li];
       run_layer(L, li, L.kind == AttnKind::SWA ? dw_.rope_swa : dw_.rope_compressed, ld[li], rows, a);
     }
-    logits = head(dw_.hc_head, dw_.norm, rows, a, nullptr);
+    DSV4_CHECK(head(dw_.hc_head, dw_.norm, rows, a, nullptr) == logits, "forward: head wrote elsewhere");
   };
   bool graphable = graphs_on_ && !prof_ && R <= kGraphMaxRows;
   for (const CallSegment& sg : rows.segs) graphable = graphable && sg.n <= kGraphMaxChunk;

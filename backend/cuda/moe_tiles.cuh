@@ -1,0 +1,33 @@
+// What the routed-expert kernels share: the tile list built on the device (tokens grouped by
+// expert) and the tensor-core path's entry points (moe_mma.cu). Only .cu files include this.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backend/cuda/linear_kernels.cuh"
+
+namespace dsv4::cuda::detail {
+
+// Slots [start, start + count) of one expert (slot s holds pair slot_pair[s] = row * K + k).
+struct MoeTile {
+  int32_t expert, start, count, pad;
+};
+
+// Tensor-core decode path for FP4 experts on FP8 activations (Fast precision): tiles of at most
+// kMmaTileTokens tokens, mma.sync m16n8k16 on f16 operands that hold the e2m1 weights and e4m3
+// activation codes exactly, fp32 accumulation per 32-group, then × E8M0 group scale and the
+// activation's 128-block scale (the numbers the SIMT Fast path defines). Needs d, I multiples of
+// 128, 16-byte aligned weights and 4-byte aligned E8M0 scales (mma_experts_ok).
+constexpr int kMmaTileTokens = 8;
+bool mma_experts_ok(const DevWeight* host_tab, int n, int64_t d, int64_t I);
+// H[slot, i] = swiglu(W1 x, W3 x) for slots of every tile; xq [rows, d] e4m3 codes, xs [d/128][ldxs].
+void mma_gateup(const DevWeight* tab, const MoeTile* tiles, const int32_t* n_tiles, unsigned max_tiles,
+                const int32_t* slot_pair, int K, const uint8_t* xq, const float* xs, int64_t ldxs, int64_t d,
+                int64_t I, float limit, float* H, cudaStream_t s);
+// Y[pair, :] = W2 h[slot] for slots of every tile; hq [slots, I] codes, hs [I/128][ldhs].
+void mma_down(const DevWeight* tab, const MoeTile* tiles, const int32_t* n_tiles, unsigned max_tiles,
+              const int32_t* slot_pair, const uint8_t* hq, const float* hs, int64_t ldhs, int64_t d, int64_t I,
+              float* Y, cudaStream_t s);
+
+}  // namespace dsv4::cuda::detail
