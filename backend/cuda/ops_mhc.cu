@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/ops.h"
@@ -21,10 +22,11 @@ using detail::warp_sum;
 namespace {
 
 constexpr int kProjThreads = 128;
-constexpr int kProjRows = 4;  // rows per block: each fn float4 is reused for 4 rows
 
 // stash[r, ks*(n_out+1) + o] = Σ_{k in slice ks} fn[o, k] X[r, k]; slot n_out holds Σ X[r, k]².
-template <int MAXO>
+// kProjRows rows per block reuse each fn float4 (4 for batches; 1 at R < 4, where padding rows
+// would quadruple the block's reduction tail, which is what a decode step waits for).
+template <int MAXO, int kProjRows>
 __global__ void __launch_bounds__(kProjThreads)
     hc_project_kernel(const float* fn, const float* X, int64_t R, int64_t nd, int n_out, int64_t slice4, float* stash,
                       int64_t ld) {
@@ -215,18 +217,26 @@ int project(const float* fn, const float* X, int64_t R, int64_t n, int64_t d, in
             cudaStream_t s) {
   DSV4_CHECK(d % 4 == 0, "cuda mHC: d must be a multiple of 4");
   DSV4_CHECK(d >= n_out + 1, "cuda mHC: d too small for the projection stash");
-  const int64_t nd4 = n * d / 4, row_blocks = ceil_div(R, kProjRows);
+  const int rows_per_block = R < 4 ? 1 : 4;
+  const int64_t nd4 = n * d / 4, row_blocks = ceil_div(R, rows_per_block);
   int64_t ks = ceil_div(2 * sm_count(), row_blocks);  // about two waves of blocks
   ks = std::min<int64_t>(ks, std::max<int64_t>(1, nd4 / kProjThreads));
   ks = std::max<int64_t>(1, std::min<int64_t>(ks, d / (n_out + 1)));
   const int64_t slice4 = ceil_div(nd4, ks);
   const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(ks));
-  if (n_out <= 4)
-    hc_project_kernel<4><<<grid, kProjThreads, 0, s>>>(fn, X, R, n * d, n_out, slice4, stash, d);
-  else if (n_out <= 8)
-    hc_project_kernel<8><<<grid, kProjThreads, 0, s>>>(fn, X, R, n * d, n_out, slice4, stash, d);
+  auto launch = [&](auto rows_tag) {
+    constexpr int RB = decltype(rows_tag)::value;
+    if (n_out <= 4)
+      hc_project_kernel<4, RB><<<grid, kProjThreads, 0, s>>>(fn, X, R, n * d, n_out, slice4, stash, d);
+    else if (n_out <= 8)
+      hc_project_kernel<8, RB><<<grid, kProjThreads, 0, s>>>(fn, X, R, n * d, n_out, slice4, stash, d);
+    else
+      hc_project_kernel<24, RB><<<grid, kProjThreads, 0, s>>>(fn, X, R, n * d, n_out, slice4, stash, d);
+  };
+  if (rows_per_block == 1)
+    launch(std::integral_constant<int, 1>{});
   else
-    hc_project_kernel<24><<<grid, kProjThreads, 0, s>>>(fn, X, R, n * d, n_out, slice4, stash, d);
+    launch(std::integral_constant<int, 4>{});
   DSV4_CUDA_LAUNCH_CHECK();
   return static_cast<int>(ks);
 }

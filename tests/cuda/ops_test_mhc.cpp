@@ -98,7 +98,8 @@ TEST_P(CudaOpsMhc, HcHeadMatchesCpu) {
 
 // Decode-sized (split-K over many slices), a ragged row tile, prefill-sized, and the tiny model.
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaOpsMhc,
-                         ::testing::Values(std::pair<int64_t, int64_t>{1, 4096}, std::pair<int64_t, int64_t>{7, 4096},
+                         ::testing::Values(std::pair<int64_t, int64_t>{1, 4096}, std::pair<int64_t, int64_t>{3, 4096},
+                                           std::pair<int64_t, int64_t>{7, 4096},
                                            std::pair<int64_t, int64_t>{300, 4096}, std::pair<int64_t, int64_t>{5, 256}));
 
 }  // namespace
