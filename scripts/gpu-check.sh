@@ -2,7 +2,8 @@
 # On the GPU machine: configure + build the CUDA backend, run every GPU test (parity, model
 # goldens), compute-sanitizer on the op tests, then the benchmarks. Logs go to $OUT; the last
 # lines printed are a short summary. Usage: scripts/gpu-check.sh [tests|bench|spec-bench|quick|all]
-# quick: ctest (no sanitizer, no CLI checks), bench_linear and `dsv4 bench --profile`.
+# quick: ctest (no sanitizer, no CLI checks), bench_linear, `dsv4 bench --profile` and step.
+# step: ncu kernel durations of one decode step (scripts/ncu_step_summary.py).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 MODE="${1:-all}"
@@ -42,6 +43,17 @@ if [[ "$MODE" == quick ]]; then
     >"$LOG/e2e-profile.log" 2>&1
   summary+=("dsv4 bench --profile: rc=$?")
   cp "$LOG/e2e-profile.log" "$LOG/bench_linear.log" "$OUT/" 2>/dev/null
+  save
+fi
+
+if [[ "$MODE" == step || "$MODE" == quick ]]; then
+  # Each kernel's own duration in one eager decode step at batch 1 (what a graph replay pays).
+  timeout 200 ncu --nvtx --nvtx-include "dsv4_decode_step/" --metrics gpu__time_duration.sum --csv \
+    "$BUILD/tools/dsv4" bench --preset v4-flash --layers 8 --random-weights --batches 1 --prefill 64 --steps 2 \
+    --profile >"$LOG/ncu-step.csv" 2>"$LOG/ncu-step.err"
+  python3 scripts/ncu_step_summary.py "$LOG/ncu-step.csv" >"$LOG/ncu-step-summary.log" 2>&1
+  summary+=("ncu step: $(head -1 "$LOG/ncu-step-summary.log")")
+  cp "$LOG/ncu-step-summary.log" "$OUT/" 2>/dev/null
   save
 fi
 

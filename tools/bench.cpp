@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <random>
 
+#include <nvtx3/nvToolsExt.h>
+
 #include "backend/cuda/check.h"
 #include "backend/cuda/device.h"
 #include "core/error.h"
@@ -126,7 +128,7 @@ int run_bench(const BenchOptions& opt) {
   // ---- decode per batch size: the same sequences stepped eagerly, then with CUDA graphs
   std::printf("%-6s %-10s %-10s %-12s %-14s %-12s %s\n", "batch", "eager ms", "graph ms", "tokens/s", "bytes/step GB",
               "floor ms", "ratio (graphs)");
-  const int64_t profile_steps = opt.profile ? 4 : 0;
+  const int64_t profile_steps = opt.profile ? 5 : 0;
   for (int64_t B : opt.batches) {
     const int64_t total_steps = 2 * (opt.steps + 2) + profile_steps;
     std::vector<DeviceSequence> seqs;
@@ -175,8 +177,15 @@ int run_bench(const BenchOptions& opt) {
     if (opt.profile) {
       OpProfile prof;
       model.set_profile(&prof);
-      run_steps(profile_steps, false);
+      run_steps(profile_steps - 1, false);
       model.set_profile(nullptr);
+      // One more eager step inside an NVTX range: `ncu --nvtx --nvtx-include dsv4_decode_step/`
+      // gives each kernel's own duration (what a graph replay pays, without launch gaps).
+      model.set_graphs(false);
+      nvtxRangePushA("dsv4_decode_step");
+      run_steps(1, false);
+      nvtxRangePop();
+      model.set_graphs(true);
       std::printf("  per-op GPU time, batch %lld, eager launches (%lld steps):\n%s", (long long)B,
                   (long long)prof.calls(), prof.report().c_str());
     }

@@ -85,6 +85,41 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(DevWeight w, cons
   }
 }
 
+// Split-K form for short outputs at decode (wq_a 1024 rows, wkv 512, ...): one warp per output
+// left 1024 warps, a block per SM, a quarter of the loads in flight the bandwidth needs. Here
+// the block's 8 warps are 8 / SPLIT outputs × SPLIT slices of K (multiples of a warp's 16-byte
+// step), reduced through shared memory in slice order (deterministic).
+template <int F, int R, int SPLIT>
+__global__ void __launch_bounds__(kGemvWarps * 32) gemv_split_kernel(DevWeight w, const float* __restrict__ x, int rows,
+                                                                    float* __restrict__ y, int64_t row_begin,
+                                                                    int64_t n_out, int64_t ldx, int64_t ldy,
+                                                                    int64_t grp_rows, int64_t grp_x, int64_t kslice) {
+  __shared__ float red[kGemvWarps][R];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, part = warp % SPLIT;
+  const int64_t oi = static_cast<int64_t>(blockIdx.x) * (kGemvWarps / SPLIT) + warp / SPLIT;
+  const bool valid = oi < n_out;
+  const int64_t o = valid ? oi : n_out - 1;  // every warp reaches the barrier
+  const float* xg = x + (o / grp_rows) * grp_x;
+  const float* xs[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) xs[r] = xg + static_cast<int64_t>(r < rows ? r : 0) * ldx;
+  float acc[R];
+  const int64_t kb = part * kslice, ke = kb + kslice < w.in ? kb + kslice : w.in;
+  gemv_warp<F, R, true>(w, row_begin + o, xs, rows, acc, kb < w.in ? kb : w.in, ke);
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+    if (r == lane) red[warp][r] = acc[r];
+  __syncthreads();
+  if (part != 0 || !valid) return;
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+    if (r == lane && r < rows) {
+      float v = red[warp][r];
+      for (int p = 1; p < SPLIT; ++p) v += red[warp + p][r];
+      y[r * ldy + oi] = v;
+    }
+}
+
 struct IdentityX {
   const float* x;
   int64_t ldx;
@@ -123,6 +158,26 @@ void launch_gemv_r(const DevWeight& w, const float* x, int rows, float* y, int64
     if (vec && n >= kMultiRowMinOut && g.rows % kRowsPerWarp == 0) {
       gemv_kernel<F, R, true, kRowsPerWarp>
           <<<blocks(kRowsPerWarp), kGemvWarps * 32, 0, s>>>(w, x, rows, y, rb, n, ldx, ldy, g.rows, g.x);
+      DSV4_CUDA_LAUNCH_CHECK();
+      return;
+    }
+  }
+  if constexpr (R <= 4) {
+    // Split K while the grid is short of ~4 blocks per SM and every slice keeps >= 2 warp steps.
+    const int64_t warp_step = 32 * FmtTraits<F>::kPerLoad;
+    int split = 1;
+    while (split < kGemvWarps && (n * split + kGemvWarps - 1) / kGemvWarps < 4 * 132 &&
+           w.in / (2 * split) >= warp_step)
+      split *= 2;
+    if (vec && split > 1) {
+      const int64_t slice = ((w.in + split - 1) / split + warp_step - 1) / warp_step * warp_step;
+      const dim3 grid(static_cast<unsigned>((n * split + kGemvWarps - 1) / kGemvWarps));
+      auto go = [&](auto kernel) {
+        kernel<<<grid, kGemvWarps * 32, 0, s>>>(w, x, rows, y, rb, n, ldx, ldy, g.rows, g.x, slice);
+      };
+      if (split == 2) go(gemv_split_kernel<F, R, 2>);
+      else if (split == 4) go(gemv_split_kernel<F, R, 4>);
+      else go(gemv_split_kernel<F, R, 8>);
       DSV4_CUDA_LAUNCH_CHECK();
       return;
     }
@@ -170,8 +225,8 @@ void linear_exact(const WeightView& wv, const float* x, int64_t rows, float* y, 
   const dim3 grid(static_cast<unsigned>((n + kTileN - 1) / kTileN), static_cast<unsigned>((rows + kTileM - 1) / kTileM));
   // Narrow outputs at small batches (router 256, indexer weights 64, compressor 1024 outputs at
   // 64 rows) leave the 64x64 tile grid a few blocks on 132 SMs: stream the weights once per 16
-  // rows with the GEMV instead.
-  if (static_cast<int64_t>(grid.x) * grid.y < 2 * 132) {
+  // rows with the GEMV instead (up to 8 passes; prefill-sized batches keep the tiles).
+  if (rows <= 8 * kGemvMaxRows && static_cast<int64_t>(grid.x) * grid.y < 2 * 132) {
     for (int64_t r0 = 0; r0 < rows; r0 += kGemvMaxRows)
       gemv(wv, x + r0 * ldx, std::min<int64_t>(kGemvMaxRows, rows - r0), y + r0 * ldy, row_begin, n, ldx, ldy,
            Groups{n, 0}, s);

@@ -156,13 +156,15 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// acc[r] (all lanes) = Σ_k W[o, k] xs[r][k] for r < nrows, computed by one warp.
+// acc[r] (all lanes) = Σ_{k in [kb, ke)} W[o, k] xs[r][k] for r < nrows, computed by one warp
+// (ke < 0: to the end of the row; split-K callers pass kb a multiple of 32 * kPerLoad).
 // VEC: 16-byte weight loads and float4 activation loads (callers check alignment and in %
 // kPerLoad == 0); otherwise one element per lane per step.
 template <int F, int R, bool VEC>
 __device__ __forceinline__ void gemv_warp(const DevWeight& w, int64_t o, const float* const* xs, int nrows,
-                                          float* acc) {
+                                          float* acc, int64_t kb = 0, int64_t ke = -1) {
   const int lane = threadIdx.x & 31;
+  if (ke < 0) ke = w.in;
 #pragma unroll
   for (int r = 0; r < R; ++r) acc[r] = 0.f;
   if constexpr (VEC) {
@@ -170,15 +172,15 @@ __device__ __forceinline__ void gemv_warp(const DevWeight& w, int64_t o, const f
     const uint8_t* row = w.data + o * row_bytes(F, w.in);
     const int64_t step = 32 * N;
     constexpr int kDepth = 4;  // loads in flight per lane before any math (DRAM latency)
-    for (int64_t k0 = lane * N; k0 < w.in; k0 += kDepth * step) {
+    for (int64_t k0 = kb + lane * N; k0 < ke; k0 += kDepth * step) {
       uint4 raw[kDepth];
 #pragma unroll
       for (int u = 0; u < kDepth; ++u)
-        raw[u] = k0 + u * step < w.in ? ld_stream(row + row_bytes(F, k0 + u * step)) : make_uint4(0, 0, 0, 0);
+        raw[u] = k0 + u * step < ke ? ld_stream(row + row_bytes(F, k0 + u * step)) : make_uint4(0, 0, 0, 0);
 #pragma unroll
       for (int u = 0; u < kDepth; ++u) {
         const int64_t kk = k0 + u * step;
-        if (kk >= w.in) break;
+        if (kk >= ke) break;
         float v[N];
         const float s = decode16<F>(w, o, kk, raw[u], v);
 #pragma unroll
@@ -196,7 +198,7 @@ __device__ __forceinline__ void gemv_warp(const DevWeight& w, int64_t o, const f
       }
     }
   } else {
-    for (int64_t k = lane; k < w.in; k += 32) {
+    for (int64_t k = kb + lane; k < ke; k += 32) {
       const float wv = w_elem(w, o, k);
 #pragma unroll
       for (int r = 0; r < R; ++r) {

@@ -1,4 +1,4 @@
-// Routed experts on tensor cores at decode sizes (see moe_tiles.cuh). A CTA of 4 warps owns 16
+// Routed experts on tensor cores at decode sizes (see moe_tiles.cuh). A CTA of 8 warps owns 16
 // output rows of one expert tile; the warps split K and reduce in shared memory in warp order
 // (deterministic). Fragment mapping of mma.m16n8k16 (g = lane / 4, q = lane % 4): rows g and g+8
 // of the weight tile, token column g. The k order inside one mma is free as long as A and B
@@ -14,7 +14,7 @@
 namespace dsv4::cuda::detail {
 namespace {
 
-constexpr int kSplitWarps = 4;
+constexpr int kSplitWarps = 8;  // K slices per CTA: 1-token tiles need the parallelism
 constexpr float kE2m1Unscale = 16384.f;  // the f16 trick below stores e2m1 values × 2^-14
 
 __device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,

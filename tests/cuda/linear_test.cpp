@@ -81,6 +81,13 @@ std::vector<Case> cases() {
       cs.push_back({k, 200, 160, 7, 133, rows, 3, 1});      // unaligned x stride
       if (k != Kind::FP4) cs.push_back({k, 130, 200, 0, 130, rows, 0, 0});  // in % 128 != 0, % 16 != 0
     }
+  // Short outputs at decode: K split over the block's warps (slices of 16-byte warp steps, a
+  // partial last slice for in = 1040), sub-range from row 96, strided y.
+  for (Kind k : kinds)
+    for (int64_t rows : {1, 2, 4}) {
+      cs.push_back({k, 300, 4096, 96, 290, rows, 0, 3});
+      if (k != Kind::FP4) cs.push_back({k, 200, 1040, 0, 200, rows, 8, 0});
+    }
   // Tall matrices at decode: four output rows per warp, with a partial last warp.
   for (Kind k : kinds)
     for (int64_t rows : {1, 2}) {
@@ -130,7 +137,7 @@ TEST(CudaLinear, GroupedMatchesPerGroupCpu) {
   const int64_t groups = 4;
   for (Kind kind : {Kind::F32, Kind::BF16, Kind::FP8, Kind::FP4})
     for (int64_t ng : {128, 36})
-      for (int64_t k : {256, 160})
+      for (int64_t k : {256, 160, 1024})
         for (int64_t rows : {1, 3, 17})
           for (Path path : {Path::Exact, Path::Fast}) {
             char buf[160];
