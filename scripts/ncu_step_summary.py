@@ -23,7 +23,10 @@ def main(path):
     for r in rows[head + 1:]:
         if len(r) <= v:
             continue
-        val = float(r[v].replace(",", ""))
+        try:
+            val = float(r[v].replace(",", ""))
+        except ValueError:
+            continue
         us = val / 1e3 if r[u] == "nsecond" else val * 1e3 if r[u] == "msecond" else val
         total += us
         f = fam[family(r[k])]
