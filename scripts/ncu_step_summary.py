@@ -9,9 +9,10 @@ from collections import defaultdict
 
 
 def family(name):
+    name = name.replace("(anonymous namespace)::", "")
     name = re.sub(r"\(.*$", "", name)             # drop the parameter list
     name = re.sub(r"^(void )?(dsv4::)?", "", name)
-    return name.replace("cuda::", "").replace("(anonymous namespace)::", "").replace("detail::", "")
+    return name.replace("cuda::", "").replace("detail::", "")
 
 
 def main(path):
