@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "backend/cuda/check.h"
@@ -103,18 +104,22 @@ void bench_fp8_linear(FastLinear& fast, const char* name, int64_t out, int64_t i
     char buf[96];
     if (groups == 1) {
       // Decode sizes: the GEMV on quantised activations and cuBLASLt (rows padded to 4), both.
+      // and the tensor-core GEMV (<= 8 rows).
       const int def = fast.gemv_max_rows();
-      for (int bound : {16, 0}) {
-        if (rows > 16 && bound == 16) continue;
-        fast.set_gemv_max_rows(bound);
+      for (const char* how : {"mma", "gemv", "lt"}) {
+        const std::string h = how;
+        if ((rows > 16 && h != "lt") || (rows > 8 && h == "mma")) continue;
+        fast.set_mma_gemv(h == "mma");
+        fast.set_gemv_max_rows(h == "lt" ? 0 : 16);
         const double us = median_us([&](int i) {
           fast.run(views[i % copies], x.as<float>(), rows, y.as<float>(), 0, out, in, out, nullptr);
         });
         std::snprintf(buf, sizeof buf, "fp8 %-5s %5lldx%-5lld rows %4lld %s", name, (long long)out, (long long)in,
-                      (long long)rows, rows > 16 ? "" : bound ? "gemv" : "lt");
+                      (long long)rows, rows > 16 ? "" : how);
         report(buf, us, bytes, flops);
       }
       fast.set_gemv_max_rows(def);
+      fast.set_mma_gemv(true);
       continue;
     }
     const double grouped = median_us([&](int i) {

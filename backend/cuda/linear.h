@@ -44,6 +44,9 @@ class FastLinear {
   static constexpr int kDefaultGemvMaxRows = 2;
   int gemv_max_rows() const { return gemv_max_rows_; }
   void set_gemv_max_rows(int r);
+  // FP8 weights at <= 8 rows: tensor-core GEMV (on by default; DSV4_FP8_MMA_GEMV=0 turns it off).
+  bool mma_gemv() const { return mma_gemv_; }
+  void set_mma_gemv(bool on) { mma_gemv_ = on; }
   // Per-weight data (expanded FP8 scales) is cached by device address: call this when weights
   // are freed or replaced, so a new weight at a reused address is not served stale scales.
   void forget_weights();
@@ -52,6 +55,7 @@ class FastLinear {
   struct Impl;
   std::unique_ptr<Impl> impl_;
   int gemv_max_rows_ = kDefaultGemvMaxRows;
+  bool mma_gemv_ = true;
 };
 
 }  // namespace dsv4::cuda

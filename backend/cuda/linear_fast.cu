@@ -12,11 +12,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <string>
 #include <tuple>
 
 #include "backend/cuda/act_quant.h"
 #include "backend/cuda/check.h"
 #include "backend/cuda/device.h"
+#include "backend/cuda/gemv_fp8_mma.h"
 #include "backend/cuda/linear.h"
 #include "backend/cuda/linear_kernels.cuh"
 
@@ -242,6 +244,22 @@ struct FastLinear::Impl {
     });
   }
 
+  // FP8 weights at <= 8 rows on tensor cores (gemv_fp8_mma.cu); groups > 1: block-diagonal with
+  // x of groups * w.in columns. False (nothing enqueued) when the shape does not fit.
+  DeviceBuffer xq8, xs8;
+  bool mma_fp8(const WeightView& w, const float* x, int64_t rows, float* y, int64_t row_begin, int64_t n, int64_t ldx,
+               int64_t ldy, int64_t groups, cudaStream_t s) {
+    const detail::DevWeight dw = detail::dev_weight(w);
+    const int64_t grp_rows = n / groups, cols = groups * w.in;
+    if (rows > detail::kMmaGemvMaxRows || !detail::fp8_mma_gemv_ok(dw, row_begin, n, grp_rows)) return false;
+    grow(xq8, static_cast<size_t>(rows * cols));
+    grow(xs8, static_cast<size_t>(rows * (cols / 128)) * sizeof(float));
+    act_quant_fp8(x, rows, cols, ldx, rows, xq8.as<uint8_t>(), cols, xs8.as<float>(), s);
+    detail::fp8_mma_gemv(dw, xq8.as<uint8_t>(), cols, xs8.as<float>(), rows, static_cast<int>(rows), y, row_begin, n,
+                         ldy, grp_rows, groups > 1 ? w.in : 0, s);
+    return true;
+  }
+
   // linear_exact on FP8-quantised activations (official W8A8 / W4A8 numerics).
   void exact_on_quantised(const WeightView& w, const float* x, int64_t rows, float* y, int64_t row_begin,
                           int64_t row_end, int64_t ldx, int64_t ldy, cudaStream_t s) {
@@ -253,6 +271,7 @@ struct FastLinear::Impl {
 
 FastLinear::FastLinear() : impl_(std::make_unique<Impl>()) {
   if (const char* env = std::getenv("DSV4_FAST_GEMV_MAX_ROWS")) set_gemv_max_rows(std::atoi(env));
+  if (const char* env = std::getenv("DSV4_FP8_MMA_GEMV")) mma_gemv_ = std::string(env) != "0";
 }
 
 void FastLinear::set_gemv_max_rows(int r) {
@@ -274,6 +293,7 @@ void FastLinear::run(const WeightView& w, const float* x, int64_t rows, float* y
   if (rows <= 0 || n == 0) return;
   const bool big = rows > gemv_max_rows_ && n % 16 == 0 && aligned16(w.data);
   if (w.format == WeightFormat::FP8Block) {
+    if (mma_gemv_ && impl_->mma_fp8(w, x, rows, y, row_begin, n, ldx, ldy, 1, s)) return;
     if (big && w.in % 128 == 0) {
       if (impl_->fp8_gemm(w, x, rows, y, row_begin, n, ldx, ldy, s)) return;
       impl_->warn_fallback("FP8", n, rows, w.in);
@@ -294,6 +314,9 @@ void FastLinear::run_grouped(const WeightView& w, int64_t groups, const float* x
              " groups");
   const int64_t ng = w.out / groups, k = w.in;
   if (rows <= 0) return;
+  if (mma_gemv_ && w.format == WeightFormat::FP8Block && k % 128 == 0 &&
+      impl_->mma_fp8(w, x, rows, y, 0, w.out, ldx, ldy, groups, s))
+    return;
   if (rows <= gemv_max_rows_) {
     const bool quantised = w.format == WeightFormat::FP8Block || w.format == WeightFormat::FP4Group32;
     if (!quantised) return linear_exact_grouped(w, groups, x, rows, y, ldx, ldy, s);

@@ -168,18 +168,27 @@ __global__ void __launch_bounds__(kAThreads)
 }
 
 // o[r, h] = Σ_s e^{m_s - M} acc_s / (Σ_s e^{m_s - M} l_s + e^{sink - M}).
+// The split weights e^{m_s - M} and 1/den are computed once per (row, head) by the first warp
+// (nsplit <= 16 lanes) instead of by every thread for every column.
 __global__ void attention_merge_kernel(const float* partial, const float2* ml, int64_t H, int64_t D, int nsplit,
                                        const float* sink, float* o) {
+  __shared__ float wgt[32];
+  __shared__ float inv_den;
   const int64_t rh = blockIdx.x, h = rh % H;
-  const float2* mls = ml + rh * nsplit;
-  float M = sink[h];
-  for (int s = 0; s < nsplit; ++s) M = fmaxf(M, mls[s].x);
-  float den = expf(sink[h] - M);
-  for (int s = 0; s < nsplit; ++s) den += expf(mls[s].x - M) * mls[s].y;
-  const float inv = 1.0f / den;
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    const float2 m = lane < nsplit ? ml[rh * nsplit + lane] : make_float2(-INFINITY, 0.f);
+    const float M = fmaxf(sink[h], detail::warp_max(m.x));
+    const float e = lane < nsplit ? expf(m.x - M) : 0.f;
+    const float den = detail::warp_sum(e * m.y) + expf(sink[h] - M);
+    wgt[lane] = e;
+    if (lane == 0) inv_den = 1.0f / den;
+  }
+  __syncthreads();
+  const float inv = inv_den;
   for (int64_t c = threadIdx.x; c < D; c += blockDim.x) {
     float v = 0.f;
-    for (int s = 0; s < nsplit; ++s) v += expf(mls[s].x - M) * partial[(rh * nsplit + s) * D + c];
+    for (int s = 0; s < nsplit; ++s) v += wgt[s] * partial[(rh * nsplit + s) * D + c];
     o[rh * D + c] = v * inv;
   }
 }

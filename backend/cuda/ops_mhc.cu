@@ -77,13 +77,17 @@ __global__ void __launch_bounds__(kProjThreads)
   }
 }
 
-// Threads [0, n_out] reduce the slices of the stash into mu (fixed order). Must be followed by
-// a barrier before the stash (the output row) is overwritten.
+// Reduces the slices of the stash into mu[0..n_out]: warp w takes outputs w, w + 8, ..., its
+// lanes the slices (a fixed shuffle tree: deterministic). One thread per output walking ~30
+// slices serially was a chain of dependent L2 loads, ~15 us of every decode hc_pre. Must be
+// followed by a barrier before mu is read or the stash (the output row) is overwritten.
 __device__ void gather_mu(const float* stash, int n_out, int ksplit, float* mu) {
-  if (threadIdx.x <= n_out) {
+  const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+  for (int o = threadIdx.x >> 5; o <= n_out; o += warps) {
     float v = 0.f;
-    for (int ks = 0; ks < ksplit; ++ks) v += stash[ks * (n_out + 1) + threadIdx.x];
-    mu[threadIdx.x] = v;
+    for (int ks = lane; ks < ksplit; ks += 32) v += stash[ks * (n_out + 1) + o];
+    v = warp_sum(v);
+    if (lane == 0) mu[o] = v;
   }
 }
 

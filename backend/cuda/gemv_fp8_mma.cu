@@ -1,0 +1,107 @@
+// FP8 linears at decode sizes (<= 8 activation rows) on tensor cores: the SIMT GEMV spends ~60
+// instructions per 16 weight bytes (e4m3 -> f32 converts, 16 FMAs, 4 activation loads) and
+// is instruction-bound near the byte floor; mma.m16n8k16 on f16 operands (e4m3 weights and the
+// e4m3 activation codes of act_quant_fp8, both exact in f16) needs 8 converts and 2 mma for the
+// same bytes. A CTA owns 16 output rows (inside one 128-row scale block) and its 8 warps split
+// K by 128-blocks; the fp32 accumulator of a block is scaled by the weight's block scale and
+// the activation's 1x128 scale, and the warps' partials are summed in warp order (deterministic).
+// Fragment mapping (g = lane / 4, q = lane % 4): weight rows g, g+8, token column g; thread q
+// holds bytes [16q, 16q + 16) of each 64-k span, word s of them feeding k-step s (the k order
+// inside one mma is free as long as A and B agree).
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include "backend/cuda/check.h"
+#include "backend/cuda/gemv_fp8_mma.h"
+
+namespace dsv4::cuda::detail {
+namespace {
+
+constexpr int kWarps = 8;
+
+__device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t f16x2(uint32_t two_e4m3) {
+  const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two_e4m3), __NV_E4M3);
+  return static_cast<uint32_t>(r.x) | (static_cast<uint32_t>(r.y) << 16);
+}
+
+__global__ void __launch_bounds__(kWarps * 32)
+    fp8_mma_gemv_kernel(DevWeight w, const uint8_t* __restrict__ xq, int64_t ldq, const float* __restrict__ xs,
+                        int64_t ldxs, int rows, float* __restrict__ y, int64_t row_begin, int64_t n, int64_t ldy,
+                        int64_t grp_rows, int64_t grp_x) {
+  __shared__ float red[kWarps][4][32];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * 16, o0 = row_begin + t0;
+  const int64_t xoff = (t0 / grp_rows) * grp_x, K = w.in, nkb = K / 128;
+  const int64_t kb0 = warp * nkb / kWarps, kb1 = (warp + 1) * nkb / kWarps;
+  const uint8_t* pa = w.data + (o0 + g) * K + 16 * q;
+  const uint8_t* pb = pa + 8 * K;
+  const uint8_t* xr = g < rows ? xq + g * ldq + xoff + 16 * q : nullptr;
+  const int c0 = 2 * q, c1 = 2 * q + 1;
+  const float* sx = xs + (xoff / 128) * ldxs;
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  for (int64_t kb = kb0; kb < kb1; ++kb) {
+    uint4 wa[2], wb[2], xv[2];
+#pragma unroll
+    for (int sp = 0; sp < 2; ++sp) {
+      const int64_t k = kb * 128 + sp * 64;
+      wa[sp] = __ldg(reinterpret_cast<const uint4*>(pa + k));
+      wb[sp] = __ldg(reinterpret_cast<const uint4*>(pb + k));
+      xv[sp] = xr ? __ldg(reinterpret_cast<const uint4*>(xr + k)) : make_uint4(0u, 0u, 0u, 0u);
+    }
+    float c[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int sp = 0; sp < 2; ++sp) {
+      const uint32_t A[4] = {wa[sp].x, wa[sp].y, wa[sp].z, wa[sp].w}, B[4] = {wb[sp].x, wb[sp].y, wb[sp].z, wb[sp].w},
+                     X[4] = {xv[sp].x, xv[sp].y, xv[sp].z, xv[sp].w};
+#pragma unroll
+      for (int st = 0; st < 4; ++st)
+        mma16816(c, f16x2(A[st] & 0xFFFFu), f16x2(B[st] & 0xFFFFu), f16x2(A[st] >> 16), f16x2(B[st] >> 16),
+                 f16x2(X[st] & 0xFFFFu), f16x2(X[st] >> 16));
+    }
+    const float sw = scale_at(w, o0 / 128, kb);
+    const float s0 = c0 < rows ? __ldg(sx + kb * ldxs + c0) : 0.f, s1 = c1 < rows ? __ldg(sx + kb * ldxs + c1) : 0.f;
+    acc[0] += c[0] * (sw * s0);
+    acc[1] += c[1] * (sw * s1);
+    acc[2] += c[2] * (sw * s0);
+    acc[3] += c[3] * (sw * s1);
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) red[warp][i][lane] = acc[i];
+  __syncthreads();
+  if (warp != 0) return;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    float v = red[0][i][lane];
+    for (int p = 1; p < kWarps; ++p) v += red[p][i][lane];
+    const int col = 2 * q + (i & 1);
+    const int64_t row = t0 + g + (i >= 2 ? 8 : 0);
+    if (col < rows && row < n) y[col * ldy + row] = v;
+  }
+}
+
+}  // namespace
+
+bool fp8_mma_gemv_ok(const DevWeight& w, int64_t row_begin, int64_t n, int64_t grp_rows) {
+  return w.fmt == kFP8 && w.in % 128 == 0 && n % 16 == 0 && row_begin % 16 == 0 && grp_rows % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(w.data) % 16 == 0;
+}
+
+void fp8_mma_gemv(const DevWeight& w, const uint8_t* xq, int64_t ldq, const float* xs, int64_t ldxs, int rows, float* y,
+                  int64_t row_begin, int64_t n, int64_t ldy, int64_t grp_rows, int64_t grp_x, cudaStream_t s) {
+  DSV4_CHECK(rows >= 1 && rows <= kMmaGemvMaxRows, "fp8_mma_gemv: 1..", kMmaGemvMaxRows, " rows");
+  DSV4_CHECK(fp8_mma_gemv_ok(w, row_begin, n, grp_rows) && ldq % 16 == 0 && grp_x % 128 == 0,
+             "fp8_mma_gemv: unsupported shape");
+  fp8_mma_gemv_kernel<<<static_cast<unsigned>(n / 16), kWarps * 32, 0, s>>>(w, xq, ldq, xs, ldxs, rows, y, row_begin,
+                                                                            n, ldy, grp_rows, grp_x);
+  DSV4_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace dsv4::cuda::detail

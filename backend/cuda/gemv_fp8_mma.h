@@ -1,0 +1,21 @@
+// Tensor-core FP8 GEMV for decode (gemv_fp8_mma.cu): y[r, o] for r < rows <= 8 on the e4m3 codes
+// and 1x128 scales of act_quant_fp8 (the W8A8 numbers of FastLinear). Only .cu files include it.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backend/cuda/linear_kernels.cuh"
+
+namespace dsv4::cuda::detail {
+
+constexpr int kMmaGemvMaxRows = 8;
+// FP8 weight, in % 128 == 0, 16-row tiles inside 128-row scale blocks and inside groups.
+bool fp8_mma_gemv_ok(const DevWeight& w, int64_t row_begin, int64_t n, int64_t grp_rows);
+// Output rows [row_begin, row_begin + n) of w; xq [rows, ldq] codes, xs [ldq / 128][ldxs] scales.
+// Grouped (block-diagonal) form: output tile t reads x columns from (t / grp_rows) * grp_x on
+// (grp_rows = n, grp_x = 0: a plain linear).
+void fp8_mma_gemv(const DevWeight& w, const uint8_t* xq, int64_t ldq, const float* xs, int64_t ldxs, int rows, float* y,
+                  int64_t row_begin, int64_t n, int64_t ldy, int64_t grp_rows, int64_t grp_x, cudaStream_t s);
+
+}  // namespace dsv4::cuda::detail
