@@ -12,10 +12,10 @@
 #include "model/weights.h"
 #include "tools/generate.h"
 #include "tools/parallel_generate.h"
+#include "tools/bench.h"
 #ifdef DSV4_HAVE_CUDA
 #include "model/cuda/cuda_model.h"
 #include "runtime/cuda_backend.h"
-#include "tools/bench.h"
 #endif
 #ifdef DSV4_HAVE_SERVER
 #include "server/bench_serve.h"
@@ -105,17 +105,7 @@ int main(int argc, char** argv) {
   insp->add_option("--model", insp_model)->capture_default_str();
 
   auto* bench = app.add_subcommand("bench", "GPU end-to-end benchmark of a V4-shaped model (random weights)");
-#ifdef DSV4_HAVE_CUDA
-  BenchOptions bopt;
-#else
-  struct {
-    std::string preset, precision;
-    int64_t layers = 0, context = 0, prefill = 0, steps = 0, speculative_tokens = 0;
-    bool random_weights = false;
-    std::vector<int64_t> batches;
-    uint64_t seed = 0;
-  } bopt;
-#endif
+  BenchOptions bopt;  // a plain struct: parsed in every build, run only with CUDA
   bench->add_option("--preset", bopt.preset, "v4-flash or v4-pro")->capture_default_str();
   bench->add_option("--layers", bopt.layers, "main layers to build")->capture_default_str();
   bench->add_flag("--random-weights", bopt.random_weights, "random weights generated on the device");
