@@ -13,24 +13,12 @@
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/gemv_fp8_mma.h"
+#include "backend/cuda/mma_f16.cuh"
 
 namespace dsv4::cuda::detail {
 namespace {
 
 constexpr int kWarps = 8;
-
-__device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                         uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint32_t f16x2(uint32_t two_e4m3) {
-  const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two_e4m3), __NV_E4M3);
-  return static_cast<uint32_t>(r.x) | (static_cast<uint32_t>(r.y) << 16);
-}
 
 __global__ void __launch_bounds__(kWarps * 32)
     fp8_mma_gemv_kernel(DevWeight w, const uint8_t* __restrict__ xq, int64_t ldq, const float* __restrict__ xs,
@@ -63,8 +51,8 @@ __global__ void __launch_bounds__(kWarps * 32)
                      X[4] = {xv[sp].x, xv[sp].y, xv[sp].z, xv[sp].w};
 #pragma unroll
       for (int st = 0; st < 4; ++st)
-        mma16816(c, f16x2(A[st] & 0xFFFFu), f16x2(B[st] & 0xFFFFu), f16x2(A[st] >> 16), f16x2(B[st] >> 16),
-                 f16x2(X[st] & 0xFFFFu), f16x2(X[st] >> 16));
+        mma16816(c, e4m3x2_f16(A[st]), e4m3x2_f16(B[st]), e4m3x2_f16(A[st] >> 16), e4m3x2_f16(B[st] >> 16),
+                 e4m3x2_f16(X[st]), e4m3x2_f16(X[st] >> 16));
     }
     const float sw = scale_at(w, o0 / 128, kb);
     const float s0 = c0 < rows ? __ldg(sx + kb * ldxs + c0) : 0.f, s1 = c1 < rows ? __ldg(sx + kb * ldxs + c1) : 0.f;

@@ -9,6 +9,7 @@
 #include <cuda_fp8.h>
 
 #include "backend/cuda/check.h"
+#include "backend/cuda/mma_f16.cuh"
 #include "backend/cuda/moe_tiles.cuh"
 
 namespace dsv4::cuda::detail {
@@ -16,14 +17,6 @@ namespace {
 
 constexpr int kSplitWarps = 8;  // K slices per CTA: 1-token tiles need the parallelism
 constexpr float kE2m1Unscale = 16384.f;  // the f16 trick below stores e2m1 values × 2^-14
-
-__device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                         uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
 
 // Eight e2m1 (element 2j in the low nibble of byte j) -> f16x2 (e0,e2) (e4,e6) (e1,e3) (e5,e7),
 // each value × 2^-14 exactly (the magnitude bits become f16 exponent/mantissa bits).
@@ -35,17 +28,12 @@ __device__ __forceinline__ void e2m1x8_f16(uint32_t w, uint32_t (&h)[4]) {
   for (int i = 0; i < 4; ++i) h[i] = ((p[i] << 9) & 0x0E000E00u) | ((p[i] << 12) & 0x80008000u);
 }
 
-__device__ __forceinline__ uint32_t e4m3x2_f16(uint32_t two) {
-  const __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two), __NV_E4M3);
-  return static_cast<uint32_t>(r.x) | (static_cast<uint32_t>(r.y) << 16);
-}
-
 // Eight e4m3 codes c0..c7 -> f16x2 (c0,c2) (c4,c6) (c1,c3) (c5,c7): the same order as the weights.
 __device__ __forceinline__ void e4m3x8_f16(uint2 c, uint32_t (&h)[4]) {
   const uint32_t ev = __byte_perm(c.x, c.y, 0x6420), od = __byte_perm(c.x, c.y, 0x7531);
-  h[0] = e4m3x2_f16(ev & 0xFFFFu);
+  h[0] = e4m3x2_f16(ev);
   h[1] = e4m3x2_f16(ev >> 16);
-  h[2] = e4m3x2_f16(od & 0xFFFFu);
+  h[2] = e4m3x2_f16(od);
   h[3] = e4m3x2_f16(od >> 16);
 }
 
