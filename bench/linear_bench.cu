@@ -138,6 +138,46 @@ void bench_fp8_linear(FastLinear& fast, const char* name, int64_t out, int64_t i
   }
 }
 
+// BF16 weights (head, compressors, router, indexer weights): fp32 math (exact precision) against
+// FastLinear (GEMV up to gemv_max_rows, then bf16 tensor cores through cuBLASLt).
+void bench_bf16_linear(FastLinear& fast, const char* name, int64_t out, int64_t in) {
+  const size_t wbytes = static_cast<size_t>(out * in) * 2;
+  const int copies = static_cast<int>(std::max<size_t>(1, kRotateBytes / wbytes));
+  std::vector<DeviceBuffer> data;
+  std::vector<WeightView> views;
+  for (int c = 0; c < copies; ++c) {
+    data.emplace_back(wbytes);
+    dsv4::cuda::fill_normal_bf16(data.back().as<uint16_t>(), out * in, 0.02f, 31 + c, nullptr);
+    WeightView w;
+    w.format = WeightFormat::Dense;
+    w.dtype = DType::BF16;
+    w.out = out;
+    w.in = in;
+    w.data = data.back().as<uint8_t>();
+    views.push_back(w);
+  }
+  for (int64_t rows : {1, 2, 16, 64, 256, 4096}) {
+    DeviceBuffer x(static_cast<size_t>(rows * in) * 4), y(static_cast<size_t>(rows * out) * 4);
+    dsv4::cuda::fill_normal_f32(x.as<float>(), rows * in, 1.f, 9 + rows, nullptr);
+    const double bytes = double(wbytes) + rows * in * 4.0 + rows * out * 4.0, flops = 2.0 * rows * out * in;
+    for (const char* how : {"exact", "fast"}) {
+      const bool exact = std::string(how) == "exact";
+      if (exact && rows > 256) continue;  // the fp32 tiles take seconds at prefill sizes
+      const double us = median_us([&](int i) {
+        if (exact)
+          linear_exact(views[i % copies], x.as<float>(), rows, y.as<float>(), 0, out, in, out, nullptr);
+        else
+          fast.run(views[i % copies], x.as<float>(), rows, y.as<float>(), 0, out, in, out, nullptr);
+      });
+      char buf[96];
+      std::snprintf(buf, sizeof buf, "bf16 %-5s %6lldx%-5lld rows %4lld %s", name, (long long)out, (long long)in,
+                    (long long)rows, how);
+      // The floor uses the bf16 tensor rate (half the FP8 rate).
+      report(buf, us, bytes, 2.0 * flops);
+    }
+  }
+}
+
 void bench_moe() {
   const int E = 256, K = 6;
   const int64_t d = 4096, I = 2048;
@@ -209,18 +249,28 @@ void bench_moe() {
 
 }  // namespace
 
-int main() {
+// Usage: bench_linear [linear|moe] (default both; one part keeps ncu runs short).
+int main(int argc, char** argv) {
   if (!available()) {
     std::printf("no CUDA device\n");
     return 0;
   }
-  FastLinear fast;
-  bench_fp8_linear(fast, "wq_a", 1024, 4096);
-  bench_fp8_linear(fast, "wq_b", 32768, 1024);
-  bench_fp8_linear(fast, "wkv", 512, 4096);
-  bench_fp8_linear(fast, "wo_a", 8192, 4096, 8);
-  bench_fp8_linear(fast, "wo_b", 4096, 8192);
-  bench_fp8_linear(fast, "w1", 2048, 4096);
-  bench_moe();
+  const std::string part = argc > 1 ? argv[1] : "";
+  if (!part.empty() && part != "linear" && part != "moe") {
+    std::fprintf(stderr, "bench_linear: unknown part '%s' (linear | moe)\n", part.c_str());
+    return 2;
+  }
+  if (part != "moe") {
+    FastLinear fast;
+    bench_fp8_linear(fast, "wq_a", 1024, 4096);
+    bench_fp8_linear(fast, "wq_b", 32768, 1024);
+    bench_fp8_linear(fast, "wkv", 512, 4096);
+    bench_fp8_linear(fast, "wo_a", 8192, 4096, 8);
+    bench_fp8_linear(fast, "wo_b", 4096, 8192);
+    bench_fp8_linear(fast, "w1", 2048, 4096);
+    bench_bf16_linear(fast, "head", 129280, 4096);
+    bench_bf16_linear(fast, "cmp", 1024, 4096);
+  }
+  if (part != "linear") bench_moe();
   return 0;
 }

@@ -4,6 +4,8 @@
 # lines printed are a short summary. Usage: scripts/gpu-check.sh [tests|bench|spec-bench|quick|all]
 # quick: ctest (no sanitizer, no CLI checks), bench_linear, `dsv4 bench --profile` and step.
 # step: ncu kernel durations of one decode step (scripts/ncu_step_summary.py).
+# moe-profile: ncu sections (bandwidth, stalls, occupancy) of the tensor-core MoE kernels at 1 and 64
+# tokens and of the FP8 tensor-core GEMV (wq_b, 1 row).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 MODE="${1:-all}"
@@ -54,6 +56,26 @@ if [[ "$MODE" == step || "$MODE" == quick ]]; then
   python3 scripts/ncu_step_summary.py "$LOG/ncu-step.csv" >"$LOG/ncu-step-summary.log" 2>&1
   summary+=("ncu step: $(head -1 "$LOG/ncu-step-summary.log")")
   cp "$LOG/ncu-step-summary.log" "$OUT/" 2>/dev/null
+  save
+fi
+
+if [[ "$MODE" == moe-profile ]]; then
+  # bench_linear moe: per token count 28 Fast calls of (gateup, down) after the Exact ones; skip
+  # three warm-up calls. 1 token: launches 6-7; 64 tokens: after 2 x 28 calls of 1 and 8 tokens.
+  for case in "1tok 6" "64tok 118"; do
+    set -- $case
+    timeout 150 ncu --kernel-name regex:"gateup_mma|down_mma" --launch-skip "$2" --launch-count 2 \
+      --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
+      --section LaunchStats --section SchedulerStats "$BUILD/bench/bench_linear" moe >"$LOG/ncu-moe-$1.txt" 2>&1
+    summary+=("ncu moe $1: rc=$?")
+    cp "$LOG/ncu-moe-$1.txt" "$OUT/" 2>/dev/null
+  done
+  # The FP8 tensor-core GEMV on wq_b at 1 row (after wq_a's 4 x 28 calls and 3 warm-ups).
+  timeout 150 ncu --kernel-name regex:"fp8_mma_gemv" --launch-skip 115 --launch-count 1 \
+    --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
+    --section SchedulerStats "$BUILD/bench/bench_linear" linear >"$LOG/ncu-fp8-gemv.txt" 2>&1
+  summary+=("ncu fp8 gemv: rc=$?")
+  cp "$LOG/ncu-fp8-gemv.txt" "$OUT/" 2>/dev/null
   save
 fi
 

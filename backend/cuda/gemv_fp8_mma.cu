@@ -1,19 +1,19 @@
 // FP8 linears at decode sizes (<= 8 activation rows) on tensor cores: the SIMT GEMV spends ~60
 // instructions per 16 weight bytes (e4m3 -> f32 converts, 16 FMAs, 4 activation loads) and
-// is instruction-bound near the byte floor; mma.m16n8k16 on f16 operands (e4m3 weights and the
-// e4m3 activation codes of act_quant_fp8, both exact in f16) needs 8 converts and 2 mma for the
-// same bytes. A CTA owns 16 output rows (inside one 128-row scale block) and its 8 warps split
-// K by 128-blocks; the fp32 accumulator of a block is scaled by the weight's block scale and
-// the activation's 1x128 scale, and the warps' partials are summed in warp order (deterministic).
+// is instruction-bound near the byte floor; mma.m16n8k32 on e4m3 operands takes the weight bytes
+// and the activation codes of act_quant_fp8 as they are stored (the earlier f16 form of this
+// kernel spent 6 converts per mma). A CTA owns 16 output rows (inside one 128-row scale block)
+// and its 8 warps split K by 128-blocks; each 32-long mma result is added to an fp32 block sum,
+// which is scaled by the weight's block scale and the activation's 1x128 scale; the warps'
+// partials are summed in warp order (deterministic).
 // Fragment mapping (g = lane / 4, q = lane % 4): weight rows g, g+8, token column g; thread q
-// holds bytes [16q, 16q + 16) of each 64-k span, word s of them feeding k-step s (the k order
-// inside one mma is free as long as A and B agree).
-#include <cuda_fp16.h>
-#include <cuda_fp8.h>
+// holds bytes [16q, 16q + 16) of each 64-k span, words (0, 1) feeding one mma and (2, 3) the next
+// (the k order inside one mma is free as long as A and B agree).
+#include <cuda_runtime.h>
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/gemv_fp8_mma.h"
-#include "backend/cuda/mma_f16.cuh"
+#include "backend/cuda/mma_e4m3.cuh"
 
 namespace dsv4::cuda::detail {
 namespace {
@@ -35,6 +35,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int c0 = 2 * q, c1 = 2 * q + 1;
   const float* sx = xs + (xoff / 128) * ldxs;
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 2
   for (int64_t kb = kb0; kb < kb1; ++kb) {
     uint4 wa[2], wb[2], xv[2];
 #pragma unroll
@@ -44,22 +45,21 @@ __global__ void __launch_bounds__(kWarps * 32)
       wb[sp] = __ldg(reinterpret_cast<const uint4*>(pb + k));
       xv[sp] = xr ? __ldg(reinterpret_cast<const uint4*>(xr + k)) : make_uint4(0u, 0u, 0u, 0u);
     }
-    float c[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-    for (int sp = 0; sp < 2; ++sp) {
-      const uint32_t A[4] = {wa[sp].x, wa[sp].y, wa[sp].z, wa[sp].w}, B[4] = {wb[sp].x, wb[sp].y, wb[sp].z, wb[sp].w},
-                     X[4] = {xv[sp].x, xv[sp].y, xv[sp].z, xv[sp].w};
-#pragma unroll
-      for (int st = 0; st < 4; ++st)
-        mma16816(c, e4m3x2_f16(A[st]), e4m3x2_f16(B[st]), e4m3x2_f16(A[st] >> 16), e4m3x2_f16(B[st] >> 16),
-                 e4m3x2_f16(X[st]), e4m3x2_f16(X[st] >> 16));
-    }
     const float sw = scale_at(w, o0 / 128, kb);
     const float s0 = c0 < rows ? __ldg(sx + kb * ldxs + c0) : 0.f, s1 = c1 < rows ? __ldg(sx + kb * ldxs + c1) : 0.f;
-    acc[0] += c[0] * (sw * s0);
-    acc[1] += c[1] * (sw * s1);
-    acc[2] += c[2] * (sw * s0);
-    acc[3] += c[3] * (sw * s1);
+    float blk[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int sp = 0; sp < 2; ++sp) {
+      float c[4], e[4];
+      mma_e4m3(c, wa[sp].x, wb[sp].x, wa[sp].y, wb[sp].y, xv[sp].x, xv[sp].y);
+      mma_e4m3(e, wa[sp].z, wb[sp].z, wa[sp].w, wb[sp].w, xv[sp].z, xv[sp].w);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) blk[i] += c[i] + e[i];
+    }
+    acc[0] += blk[0] * (sw * s0);
+    acc[1] += blk[1] * (sw * s1);
+    acc[2] += blk[2] * (sw * s0);
+    acc[3] += blk[3] * (sw * s1);
   }
 #pragma unroll
   for (int i = 0; i < 4; ++i) red[warp][i][lane] = acc[i];

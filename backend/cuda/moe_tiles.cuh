@@ -15,8 +15,8 @@ struct MoeTile {
 };
 
 // Tensor-core decode path for FP4 experts on FP8 activations (Fast precision): tiles of at most
-// kMmaTileTokens tokens, mma.sync m16n8k16 on f16 operands that hold the e2m1 weights and e4m3
-// activation codes exactly, fp32 accumulation per 32-group, then × E8M0 group scale and the
+// kMmaTileTokens tokens, mma.sync m16n8k32 on e4m3 operands (the e2m1 weights converted exactly,
+// the activation codes as stored), fp32 accumulation per 32-group, then × E8M0 group scale and the
 // activation's 128-block scale (the numbers the SIMT Fast path defines). Needs d, I multiples of
 // 128, 16-byte aligned weights and 4-byte aligned E8M0 scales (mma_experts_ok).
 constexpr int kMmaTileTokens = 8;

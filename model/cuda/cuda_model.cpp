@@ -90,11 +90,11 @@ void CudaModel::mark(const char* op) {
 }
 
 void CudaModel::linear(const WeightView& w, const float* x, int64_t rows, float* y, int64_t row_begin,
-                       int64_t row_end, int64_t ldx, int64_t ldy, bool exact) {
+                       int64_t row_end, int64_t ldx, int64_t ldy) {
   if (row_end < 0) row_end = w.out;
   if (ldx < 0) ldx = w.in;
   if (ldy < 0) ldy = row_end - row_begin;
-  if (exact || precision_ == cuda::Precision::Exact) {
+  if (precision_ == cuda::Precision::Exact) {
     cuda::linear_exact(w, x, rows, y, row_begin, row_end, ldx, ldy, stream_);
   } else {
     fast_->run(w, x, rows, y, row_begin, row_end, ldx, ldy, stream_);
@@ -300,10 +300,12 @@ void CudaModel::run_layer(const DeviceLayer& L, size_t li, const float* rope, co
   cuda::rope(kv, R, 1, D, rope, P, a.pos, false, s);
   mark("kv norm+rope");
 
-  if (L.kind != AttnKind::SWA) {  // compressor (fp32 weights & math, as the official demo)
+  // Compressor, indexer weights, router and head have BF16 weights: fp32 math in exact precision (the
+  // official demo), bf16 tensor cores with fp32 accumulation in fast (as HF and vLLM run them).
+  if (L.kind != AttnKind::SWA) {
     const int64_t width = (L.kind == AttnKind::CSA ? 2 : 1) * D;
-    linear(L.compressor.wkv, u, R, a.ca, 0, -1, -1, -1, true);
-    linear(L.compressor.wgate, u, R, a.cz, 0, -1, -1, -1, true);
+    linear(L.compressor.wkv, u, R, a.ca);
+    linear(L.compressor.wgate, u, R, a.cz);
     mark("compressor linears");
     cuda::add_ape(a.cz, a.pos, L.compressor.ape, R, m, width, s);
     cuda::compressor_pool(reinterpret_cast<const cuda::PoolJob*>(at(ld.cmp_jobs)), ld.n_cmp, m, D,
@@ -313,8 +315,8 @@ void CudaModel::run_layer(const DeviceLayer& L, size_t li, const float* rope, co
   }
   if (L.kind == AttnKind::CSA) {  // lightning indexer
     const int64_t width = 2 * dI;
-    linear(L.idx_compressor.wkv, u, R, a.ia, 0, -1, -1, -1, true);
-    linear(L.idx_compressor.wgate, u, R, a.iz, 0, -1, -1, -1, true);
+    linear(L.idx_compressor.wkv, u, R, a.ia);
+    linear(L.idx_compressor.wgate, u, R, a.iz);
     mark("indexer compressor linears");
     cuda::add_ape(a.iz, a.pos, L.idx_compressor.ape, R, m, width, s);
     cuda::compressor_pool(reinterpret_cast<const cuda::PoolJob*>(at(ld.idx_jobs)), ld.n_idx, m, dI, true,
@@ -324,7 +326,7 @@ void CudaModel::run_layer(const DeviceLayer& L, size_t li, const float* rope, co
     linear(L.idx_wq_b, qr, R, a.qI);
     cuda::rope(a.qI, R, nI, dI, rope, P, a.pos, false, s);
     mark("indexer wq_b+rope");
-    linear(L.idx_weights_proj, u, R, a.omega, 0, -1, -1, -1, true);
+    linear(L.idx_weights_proj, u, R, a.omega);
     cuda::scale_inplace(a.omega, R * nI, 1.0f / std::sqrt(static_cast<float>(dI)) / std::sqrt(static_cast<float>(nI)), s);
     mark("indexer weights_proj");
     cuda::indexer_topk(a.qI, a.omega, reinterpret_cast<const cuda::IndexerRow*>(at(ld.idx_rows)), R, nI, dI, topk,
@@ -353,7 +355,7 @@ void CudaModel::run_layer(const DeviceLayer& L, size_t li, const float* rope, co
   mark("hc_pre");
   cuda::rms_norm(u, L.ffn_norm, u, R, d, eps, s);
   mark("norms");
-  linear(L.gate, u, R, a.glog, 0, -1, -1, -1, true);  // router in fp32
+  linear(L.gate, u, R, a.glog);  // router: fp32 logits
   cuda::moe_route(a.glog, L.gate_bias, L.tid2eid, a.tok, R, E, K, static_cast<float>(cfg.routed_scaling_factor),
                   a.experts, a.eweights, s);
   mark("router");
@@ -368,7 +370,7 @@ void CudaModel::run_layer(const DeviceLayer& L, size_t li, const float* rope, co
   mark("hc_post");
 }
 
-// hc_head → RMSNorm → the shared head on the output rows of a.X (fp32, as the official demo);
+// hc_head → RMSNorm → the shared head on the output rows of a.X (fp32 logits);
 // out_streams (optional) receives those rows' streams.
 const float* CudaModel::head(const cuda::HcParams& hc, const float* norm, const Rows& rows, const Acts& a,
                              std::vector<float>* out_streams) {
@@ -388,7 +390,7 @@ const float* CudaModel::head(const cuda::HcParams& hc, const float* norm, const 
   cuda::hc_head(hc, Xo, O, n, d, hc_eps, eps, hh, stream_);
   cuda::rms_norm(hh, norm, hh, O, d, eps, stream_);
   mark("hc_head+norm");
-  linear(dw_.head, hh, O, logits, 0, -1, -1, -1, true);
+  linear(dw_.head, hh, O, logits);
   mark("head linear");
   return logits;
 }

@@ -90,7 +90,7 @@ class CudaModel {
   void mark(const char* op);
   std::vector<int64_t> graph_key(const Rows& rows, const std::vector<LayerDesc>& ld, size_t blob_bytes) const;
   void linear(const WeightView& w, const float* x, int64_t rows, float* y, int64_t row_begin = 0,
-              int64_t row_end = -1, int64_t ldx = -1, int64_t ldy = -1, bool exact = false);
+              int64_t row_end = -1, int64_t ldx = -1, int64_t ldy = -1);
 
   DeviceWeights dw_;
   cuda::Precision precision_;
