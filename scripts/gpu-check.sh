@@ -5,7 +5,7 @@
 # quick: ctest (no sanitizer, no CLI checks), bench_linear, `dsv4 bench --profile` and step.
 # step: ncu kernel durations of one decode step (scripts/ncu_step_summary.py).
 # moe-profile: ncu sections (bandwidth, stalls, occupancy) of the tensor-core MoE kernels at 1 and 64
-# tokens and of the FP8 tensor-core GEMV (wq_b, 1 row).
+# tokens, of the FP8 tensor-core GEMV (wq_b, 1 row) and of the small kernels of a decode step.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 MODE="${1:-all}"
@@ -60,11 +60,12 @@ if [[ "$MODE" == step || "$MODE" == quick ]]; then
 fi
 
 if [[ "$MODE" == moe-profile ]]; then
-  # bench_linear moe: per token count 28 Fast calls of (gateup, down) after the Exact ones; skip
-  # three warm-up calls. 1 token: launches 6-7; 64 tokens: after 2 x 28 calls of 1 and 8 tokens.
+  # bench_linear moe, packed experts (the layout a Fast model runs): per token count 28 calls of
+  # (gateup, down); skip three warm-up calls. 1 token: launches 6-7; 64 tokens: after 2 x 28 calls.
   for case in "1tok 6" "64tok 118"; do
     set -- $case
-    timeout 150 ncu --kernel-name regex:"gateup_mma|down_mma" --launch-skip "$2" --launch-count 2 \
+    timeout 150 ncu --kernel-name-base demangled --kernel-name regex:"gateup_mma_kernel<true>|down_mma_kernel<true>" \
+      --launch-skip "$2" --launch-count 2 \
       --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
       --section LaunchStats --section SchedulerStats "$BUILD/bench/bench_linear" moe >"$LOG/ncu-moe-$1.txt" 2>&1
     summary+=("ncu moe $1: rc=$?")
@@ -76,6 +77,14 @@ if [[ "$MODE" == moe-profile ]]; then
     --section SchedulerStats "$BUILD/bench/bench_linear" linear >"$LOG/ncu-fp8-gemv.txt" 2>&1
   summary+=("ncu fp8 gemv: rc=$?")
   cp "$LOG/ncu-fp8-gemv.txt" "$OUT/" 2>/dev/null
+  # The small per-layer kernels of a batch-1 decode step (one launch of each).
+  timeout 150 ncu --nvtx --nvtx-include "dsv4_decode_step/" \
+    --kernel-name regex:"hc_project|hc_pre_finish|attention_kernel|attention_merge|moe_route|rms_norm|quant_kernel" \
+    --launch-count 30 --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section LaunchStats \
+    --section Occupancy "$BUILD/tools/dsv4" bench --preset v4-flash --layers 2 --random-weights --batches 1 \
+    --prefill 64 --steps 1 --profile >"$LOG/ncu-small-ops.txt" 2>&1
+  summary+=("ncu small ops: rc=$?")
+  cp "$LOG/ncu-small-ops.txt" "$OUT/" 2>/dev/null
   save
 fi
 

@@ -3,24 +3,15 @@
 
 #include "backend/cuda/act_quant.h"
 #include "backend/cuda/check.h"
+#include "backend/cuda/fp8_quant.cuh"
 
 namespace dsv4::cuda {
 namespace {
 
+using detail::pow2_scale;
+using detail::to_e4m3;
+
 constexpr int kWarps = 8;
-
-// 2^ceil(log2(amax/448)) with amax floored at 1e-4 (amax/448 is a normal fp32 there).
-__device__ __forceinline__ float pow2_scale(float amax) {
-  const float t = fmaxf(amax, 1e-4f) / 448.0f;
-  const int bits = __float_as_int(t);
-  int e = ((bits >> 23) & 0xFF) - 127;
-  if (bits & 0x7FFFFF) ++e;
-  return __int_as_float((e + 127) << 23);
-}
-
-__device__ __forceinline__ uint8_t to_e4m3(float v) {
-  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(fminf(fmaxf(v, -448.f), 448.f), __NV_SATFINITE, __NV_E4M3));
-}
 
 __device__ __forceinline__ float from_e4m3(uint8_t b) {
   __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(b), __NV_E4M3);
@@ -43,8 +34,14 @@ __device__ __forceinline__ float load_block(const float* x, int64_t r, int64_t k
   return pow2_scale(amax);
 }
 
+// Position of value kk (< 128) of a block: itself, or the mma-packed order (act_quant.h).
+__device__ __forceinline__ int block_pos(int kk, bool packed) {
+  return packed ? (kk & 31) / 8 * 32 + kk / 32 * 8 + (kk & 7) : kk;
+}
+
 __global__ void quant_kernel(const float* __restrict__ x, int64_t rows, int64_t in, int64_t ldx, int64_t rows_pad,
-                             uint8_t* __restrict__ q, int64_t ldq, float* __restrict__ scales, int64_t kblocks) {
+                             uint8_t* __restrict__ q, int64_t ldq, float* __restrict__ scales, int64_t kblocks,
+                             bool packed) {
   const int64_t id = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (id >= rows_pad * kblocks) return;
   const int64_t r = id / kblocks, kb = id % kblocks;
@@ -62,7 +59,7 @@ __global__ void quant_kernel(const float* __restrict__ x, int64_t rows, int64_t 
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     const int64_t k = kb * 128 + lane + 32 * j;
-    if (k < in) q[r * ldq + k] = to_e4m3(v[j] / s);
+    if (k < in) q[r * ldq + kb * 128 + block_pos(lane + 32 * j, packed)] = to_e4m3(v[j] / s);
   }
   if (lane == 0) scales[kb * rows_pad + r] = s;
 }
@@ -87,10 +84,12 @@ unsigned blocks_for(int64_t warps) { return static_cast<unsigned>((warps + kWarp
 }  // namespace
 
 void act_quant_fp8(const float* x, int64_t rows, int64_t in, int64_t ldx, int64_t rows_pad, uint8_t* q, int64_t ldq,
-                   float* scales, cudaStream_t s) {
+                   float* scales, cudaStream_t s, bool mma_packed) {
+  DSV4_CHECK(!mma_packed || in % 128 == 0, "act_quant_fp8: the mma-packed order needs whole 128-blocks");
   const int64_t kb = (in + 127) / 128;
   if (rows_pad * kb == 0) return;
-  quant_kernel<<<blocks_for(rows_pad * kb), kWarps * 32, 0, s>>>(x, rows, in, ldx, rows_pad, q, ldq, scales, kb);
+  quant_kernel<<<blocks_for(rows_pad * kb), kWarps * 32, 0, s>>>(x, rows, in, ldx, rows_pad, q, ldq, scales, kb,
+                                                                 mma_packed);
   DSV4_CUDA_LAUNCH_CHECK();
 }
 

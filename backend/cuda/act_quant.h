@@ -10,8 +10,10 @@ namespace dsv4::cuda {
 
 // q [rows_pad, ldq] e4m3 codes, scales [ceil(in/128), rows_pad] fp32 (row index fastest, the
 // cuBLASLt VEC128 layout). Rows in [rows, rows_pad) are written as zeros with scale 1.
+// mma_packed (in % 128 == 0): inside each 128-block, bytes [8t, 8t + 8) of 32-group j go to
+// [32t + 8j, 32t + 8j + 8) — the operand order of the packed MoE kernels (moe_tiles.cuh).
 void act_quant_fp8(const float* x, int64_t rows, int64_t in, int64_t ldx, int64_t rows_pad, uint8_t* q, int64_t ldq,
-                   float* scales, cudaStream_t s);
+                   float* scales, cudaStream_t s, bool mma_packed = false);
 
 // y = dequant(quant(x)) in fp32 (the values an FP8 GEMM sees); y == x allowed.
 void act_fake_quant_fp8(const float* x, int64_t rows, int64_t in, int64_t ldx, float* y, int64_t ldy, cudaStream_t s);

@@ -5,8 +5,10 @@
 //  2. gate/up: g = W1 x, v = W3 x, h = silu(min(g, L)) * clamp(v, ±L) per slot.
 //  3. down: y = W2 h, written at the pair's row of Y [R*K, d].
 //  4. combine: out[r] += Σ_k w[r,k] Y[r*K + k] in fixed k order (deterministic, no atomics).
-// Few tokens per expert (decode): GEMV kernels (T = 16), weights streamed once per tile with
-// FP4/FP8 decoded in registers. Many tokens: 64x64 SIMT tiles (weights decoded into smem).
+// FP4 experts in Fast precision: tensor-core kernels (moe_mma.cu, 8-token tiles) at every size,
+// on weights optionally re-packed for 16-byte loads (pack_for_tensor_cores). Otherwise few
+// tokens per expert (decode): GEMV kernels (T = 16), weights streamed once per tile with
+// FP4/FP8 decoded in registers; many tokens: 64x64 SIMT tiles (weights decoded into smem).
 // Weights are read as stored (FP4 packed + E8M0); Fast = the same kernels on FP8-quantised
 // activations (x before W1/W3, h before W2), the official W4A8 numerics.
 #include <cstdio>
@@ -308,12 +310,13 @@ struct MoeRunner::Impl {
     DeviceBuffer tab;
     int fmt = 0;
     bool aligned = false;  // every weight 16-byte aligned (VEC GEMV)
-    bool mma = false;      // the tensor-core decode path takes these experts (moe_mma.cu)
+    bool mma = false;      // the tensor-core path takes these experts (moe_mma.cu)
+    bool packed = false;   // weights re-laid by pack_fp4_for_mma: tensor-core path only
   };
   std::map<std::pair<const void*, size_t>, Table> tables;
   DeviceBuffer slot_pair, tiles, n_tiles, H, G, V, Y, xq, xq8, xsc, hq8, hsc;
 
-  const Table& table(const ExpertSet& set) {
+  Table& table(const ExpertSet& set) {
     const size_t E = set.w1.size();
     DSV4_CHECK(E > 0 && E <= kMaxExperts && set.w2.size() == E && set.w3.size() == E, "MoeRunner: bad expert set");
     const auto key = std::make_pair(static_cast<const void*>(set.w1[0].data), E);
@@ -343,6 +346,17 @@ struct MoeRunner::Impl {
 };
 
 MoeRunner::MoeRunner() : impl_(std::make_unique<Impl>()) {}
+
+bool MoeRunner::pack_for_tensor_cores(const ExpertSet& set, cudaStream_t s) {
+  Impl::Table& tb = impl_->table(set);
+  if (!tb.mma) return false;
+  if (tb.packed) return true;
+  for (const auto* ws : {&set.w1, &set.w2, &set.w3})
+    for (const WeightView& w : *ws)  // the model owns these bytes; only this runner reads them from now on
+      pack_fp4_for_mma(const_cast<uint8_t*>(w.data), w.out * w.in / 2, s);
+  tb.packed = true;
+  return true;
+}
 MoeRunner::~MoeRunner() = default;
 
 namespace {
@@ -396,13 +410,23 @@ void MoeRunner::run(const ExpertSet& set, const float* x, int64_t R, const int32
   const int E = static_cast<int>(set.w1.size());
   const int64_t d = set.d, I = set.I, pairs = R * K;
   DSV4_CHECK(pairs < (1ll << 31), "MoeRunner: too many (row, k) pairs");
-  // Few tokens per expert on average: GEMV tiles (tensor cores for FP4 experts on FP8
-  // activations); otherwise 64-token SIMT tiles. (The tensor-core path would also take prefill
-  // batches, 8-token tiles re-reading an expert from L2; not yet measured, so not enabled.)
+  DSV4_CHECK(!tb.packed || p == Precision::Fast,
+             "MoeRunner: these experts were re-packed for the Fast tensor-core path; Exact precision needs an "
+             "unpacked upload");
+  // FP4 experts in Fast precision: tensor cores at every batch size (8-token tiles; at prefill
+  // sizes an expert's tiles run side by side and re-read it from L2). Otherwise few tokens per
+  // expert on average: GEMV tiles; more: 64-token SIMT tiles.
   const bool gemv = pairs <= 8ll * E;
-  const bool mma = gemv && p == Precision::Fast && tb.mma;
+  const auto tiles_for = [&](int64_t np, int t) { return (np + t - 1) / t + std::min<int64_t>(E, np); };
+  const bool mma = p == Precision::Fast && tb.mma;
+  if (mma && tiles_for(pairs, kMmaTileTokens) >= 65536 && R > 1) {  // the grid's y extent: split the rows
+    const int64_t h = R / 2;
+    run(set, x, h, experts, weights, K, limit, out, p, s);
+    run(set, x + h * d, R - h, experts + h * K, weights + h * K, K, limit, out + h * d, p, s);
+    return;
+  }
   const int T = mma ? kMmaTileTokens : gemv ? kGemvTile : kTileM;
-  const unsigned max_tiles = static_cast<unsigned>((pairs + T - 1) / T + std::min<int64_t>(E, pairs));
+  const unsigned max_tiles = static_cast<unsigned>(tiles_for(pairs, T));
   DSV4_CHECK(max_tiles < 65536u, "MoeRunner: tile grid too large (R too big for one call)");
 
   grow(m.slot_pair, pairs * sizeof(int32_t));
@@ -426,11 +450,11 @@ void MoeRunner::run(const ExpertSet& set, const float* x, int64_t R, const int32
     grow(m.xsc, kbd * R * sizeof(float));
     grow(m.hq8, pairs * I);
     grow(m.hsc, kbi * pairs * sizeof(float));
-    act_quant_fp8(x, R, d, d, R, m.xq8.as<uint8_t>(), d, m.xsc.as<float>(), s);
-    mma_gateup(tab, tiles, nt, max_tiles, sp, static_cast<int>(K), m.xq8.as<uint8_t>(), m.xsc.as<float>(), R, d, I,
+    act_quant_fp8(x, R, d, d, R, m.xq8.as<uint8_t>(), d, m.xsc.as<float>(), s, tb.packed);
+    mma_gateup(tab, tb.packed, tiles, nt, max_tiles, sp, static_cast<int>(K), m.xq8.as<uint8_t>(), m.xsc.as<float>(), R, d, I,
                limit, H, s);
-    act_quant_fp8(H, pairs, I, I, pairs, m.hq8.as<uint8_t>(), I, m.hsc.as<float>(), s);
-    mma_down(tab, tiles, nt, max_tiles, sp, m.hq8.as<uint8_t>(), m.hsc.as<float>(), pairs, d, I, Y, s);
+    act_quant_fp8(H, pairs, I, I, pairs, m.hq8.as<uint8_t>(), I, m.hsc.as<float>(), s, tb.packed);
+    mma_down(tab, tb.packed, tiles, nt, max_tiles, sp, m.hq8.as<uint8_t>(), m.hsc.as<float>(), pairs, d, I, Y, s);
     combine_kernel<<<blocks256(R * d), 256, 0, s>>>(Y, experts, weights, R, static_cast<int>(K), E, d, out);
     DSV4_CUDA_LAUNCH_CHECK();
     return;

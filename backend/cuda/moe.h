@@ -27,6 +27,12 @@ class MoeRunner {
   // experts/weights [R, K] are device arrays (from moe_route).
   void run(const ExpertSet& set, const float* x, int64_t R, const int32_t* experts, const float* weights, int64_t K,
            float limit, float* out, Precision p, cudaStream_t s);
+  // Re-lays FP4 experts in place for the tensor-core path (16-byte loads per mma thread; see
+  // moe_tiles.cuh). After it the set runs only in Fast precision (run() with Exact is an
+  // error) and every batch size takes the tensor-core kernels. False (nothing changed) when the
+  // experts are not FP4 or not aligned for that path. Call once per upload, on weights nothing
+  // else reads.
+  bool pack_for_tensor_cores(const ExpertSet& set, cudaStream_t s);
 
  private:
   struct Impl;

@@ -23,7 +23,7 @@ __device__ __forceinline__ uint32_t ld32(const uint8_t* p) { return __ldg(reinte
 // The activation operand: token column g's codes (row-major, ld = K of the weight) and the
 // per-128-block scales of the thread's two C columns.
 struct TokenOperand {
-  const uint8_t* codes;  // row of token g, offset 8q; nullptr: no token in this column
+  const uint8_t* codes;  // row of token g, offset 8q (32q packed); nullptr: no token in this column
   const float* s0;       // scales of column 2q / 2q+1: s[kb * ld]
   const float* s1;
   int64_t ld_s;
@@ -31,7 +31,7 @@ struct TokenOperand {
 
 // acc[m][i] += Σ_k W_m[row_i, k] x[col_i, k] over 128-blocks [kb0, kb1) (unscaled by 2^6) for
 // the NM weights of one expert that share x (gate and up: their loads are in flight together).
-template <int NM>
+template <int NM, bool PACKED>
 __device__ __forceinline__ void rows_times_tile(const DevWeight* const (&w)[NM], int64_t r0, const TokenOperand& x,
                                                 int64_t kb0, int64_t kb1, float (&acc)[NM][4]) {
   const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
@@ -40,7 +40,7 @@ __device__ __forceinline__ void rows_times_tile(const DevWeight* const (&w)[NM],
   const uint8_t* sa[NM];
 #pragma unroll
   for (int m = 0; m < NM; ++m) {
-    pa[m] = w[m]->data + (r0 + g) * rb + 4 * q;
+    pa[m] = w[m]->data + (r0 + g) * rb + (PACKED ? 16 : 4) * q;
     sa[m] = w[m]->scale + (r0 + g) * sc;
   }
 #pragma unroll 2
@@ -49,17 +49,34 @@ __device__ __forceinline__ void rows_times_tile(const DevWeight* const (&w)[NM],
     uint2 xc[4];
 #pragma unroll
     for (int m = 0; m < NM; ++m) {
+      if constexpr (PACKED) {  // the thread's four words of the block are adjacent (pack_fp4_for_mma)
+        const uint4 a = __ldg(reinterpret_cast<const uint4*>(pa[m] + kb * 64));
+        const uint4 b = __ldg(reinterpret_cast<const uint4*>(pa[m] + 8 * rb + kb * 64));
+        wa[m][0] = a.x, wa[m][1] = a.y, wa[m][2] = a.z, wa[m][3] = a.w;
+        wb[m][0] = b.x, wb[m][1] = b.y, wb[m][2] = b.z, wb[m][3] = b.w;
+      } else {
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        wa[m][j] = ld32(pa[m] + (kb * 4 + j) * 16);
-        wb[m][j] = ld32(pa[m] + 8 * rb + (kb * 4 + j) * 16);
+        for (int j = 0; j < 4; ++j) {
+          wa[m][j] = ld32(pa[m] + (kb * 4 + j) * 16);
+          wb[m][j] = ld32(pa[m] + 8 * rb + (kb * 4 + j) * 16);
+        }
       }
       ea[m] = ld32(sa[m] + kb * 4);  // E8M0 of the block's 4 groups, rows g and g+8
       eb[m] = ld32(sa[m] + 8 * sc + kb * 4);
     }
+    if constexpr (PACKED) {  // act_quant_fp8's mma-packed order: the thread's 32 codes are adjacent
+      uint4 lo = make_uint4(0u, 0u, 0u, 0u), hi = lo;
+      if (x.codes) {
+        lo = __ldg(reinterpret_cast<const uint4*>(x.codes + kb * 128));
+        hi = __ldg(reinterpret_cast<const uint4*>(x.codes + kb * 128 + 16));
+      }
+      xc[0] = make_uint2(lo.x, lo.y), xc[1] = make_uint2(lo.z, lo.w);
+      xc[2] = make_uint2(hi.x, hi.y), xc[3] = make_uint2(hi.z, hi.w);
+    } else {
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
-      xc[j] = x.codes ? __ldg(reinterpret_cast<const uint2*>(x.codes + (kb * 4 + j) * 32)) : make_uint2(0u, 0u);
+      for (int j = 0; j < 4; ++j)
+        xc[j] = x.codes ? __ldg(reinterpret_cast<const uint2*>(x.codes + (kb * 4 + j) * 32)) : make_uint2(0u, 0u);
+    }
     const float x0 = __ldg(x.s0 + kb * x.ld_s), x1 = __ldg(x.s1 + kb * x.ld_s);
     uint32_t xe[4], xo[4];
 #pragma unroll
@@ -118,6 +135,7 @@ __device__ __forceinline__ float swiglu_clamped(float g, float v, float limit) {
   return g / (1.f + expf(-g)) * v;
 }
 
+template <bool PACKED>
 __global__ void __launch_bounds__(kSplitWarps * 32, 2)
     gateup_mma_kernel(const DevWeight* __restrict__ tab, const MoeTile* __restrict__ tiles,
                       const int32_t* __restrict__ n_tiles, const int32_t* __restrict__ slot_pair, int K,
@@ -129,12 +147,12 @@ __global__ void __launch_bounds__(kSplitWarps * 32, 2)
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * 16;
   auto row_of = [&](int col) { return static_cast<int64_t>(slot_pair[t.start + (col < t.count ? col : 0)] / K); };
-  const TokenOperand x{g < t.count ? xq + row_of(g) * d + 8 * q : nullptr, xs + row_of(2 * q), xs + row_of(2 * q + 1),
+  const TokenOperand x{g < t.count ? xq + row_of(g) * d + (PACKED ? 32 : 8) * q : nullptr, xs + row_of(2 * q), xs + row_of(2 * q + 1),
                        ldxs};
   const int64_t nkb = d / 128, kb0 = warp * nkb / kSplitWarps, kb1 = (warp + 1) * nkb / kSplitWarps;
   float acc[2][4] = {};
   const DevWeight* const ws[2] = {tab + 3 * t.expert, tab + 3 * t.expert + 2};  // W1, W3
-  rows_times_tile<2>(ws, r0, x, kb0, kb1, acc);
+  rows_times_tile<2, PACKED>(ws, r0, x, kb0, kb1, acc);
   if (!reduce_split<2>(acc, red)) return;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -145,6 +163,7 @@ __global__ void __launch_bounds__(kSplitWarps * 32, 2)
   }
 }
 
+template <bool PACKED>
 __global__ void __launch_bounds__(kSplitWarps * 32, 2)
     down_mma_kernel(const DevWeight* __restrict__ tab, const MoeTile* __restrict__ tiles,
                     const int32_t* __restrict__ n_tiles, const int32_t* __restrict__ slot_pair,
@@ -156,12 +175,12 @@ __global__ void __launch_bounds__(kSplitWarps * 32, 2)
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * 16;
   auto slot_of = [&](int col) { return static_cast<int64_t>(t.start + (col < t.count ? col : 0)); };
-  const TokenOperand x{g < t.count ? hq + slot_of(g) * I + 8 * q : nullptr, hs + slot_of(2 * q),
+  const TokenOperand x{g < t.count ? hq + slot_of(g) * I + (PACKED ? 32 : 8) * q : nullptr, hs + slot_of(2 * q),
                        hs + slot_of(2 * q + 1), ldhs};
   const int64_t nkb = I / 128, kb0 = warp * nkb / kSplitWarps, kb1 = (warp + 1) * nkb / kSplitWarps;
   float acc[1][4] = {};
   const DevWeight* const ws[1] = {tab + 3 * t.expert + 1};  // W2
-  rows_times_tile<1>(ws, r0, x, kb0, kb1, acc);
+  rows_times_tile<1, PACKED>(ws, r0, x, kb0, kb1, acc);
   if (!reduce_split<1>(acc, red)) return;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -171,7 +190,29 @@ __global__ void __launch_bounds__(kSplitWarps * 32, 2)
   }
 }
 
+// One thread per 64-byte block (128 values of a row): word q of group j moves to word j of
+// thread q's 16 bytes, a 4x4 transpose of 4-byte words in place.
+__global__ void pack_fp4_kernel(uint4* data, int64_t blocks) {
+  const int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (b >= blocks) return;
+  uint4 g[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) g[j] = data[b * 4 + j];
+  data[b * 4 + 0] = make_uint4(g[0].x, g[1].x, g[2].x, g[3].x);
+  data[b * 4 + 1] = make_uint4(g[0].y, g[1].y, g[2].y, g[3].y);
+  data[b * 4 + 2] = make_uint4(g[0].z, g[1].z, g[2].z, g[3].z);
+  data[b * 4 + 3] = make_uint4(g[0].w, g[1].w, g[2].w, g[3].w);
+}
+
 }  // namespace
+
+void pack_fp4_for_mma(uint8_t* data, int64_t bytes, cudaStream_t s) {
+  DSV4_CHECK(bytes % 64 == 0 && reinterpret_cast<uintptr_t>(data) % 16 == 0,
+             "pack_fp4_for_mma: needs 16-byte aligned rows of 128-value blocks");
+  const int64_t blocks = bytes / 64;
+  pack_fp4_kernel<<<static_cast<unsigned>((blocks + 255) / 256), 256, 0, s>>>(reinterpret_cast<uint4*>(data), blocks);
+  DSV4_CUDA_LAUNCH_CHECK();
+}
 
 bool mma_experts_ok(const DevWeight* host_tab, int n, int64_t d, int64_t I) {
   if (d % 128 != 0 || I % 128 != 0) return false;
@@ -184,19 +225,25 @@ bool mma_experts_ok(const DevWeight* host_tab, int n, int64_t d, int64_t I) {
   return true;
 }
 
-void mma_gateup(const DevWeight* tab, const MoeTile* tiles, const int32_t* n_tiles, unsigned max_tiles,
+void mma_gateup(const DevWeight* tab, bool packed, const MoeTile* tiles, const int32_t* n_tiles, unsigned max_tiles,
                 const int32_t* slot_pair, int K, const uint8_t* xq, const float* xs, int64_t ldxs, int64_t d,
                 int64_t I, float limit, float* H, cudaStream_t s) {
   const dim3 grid(static_cast<unsigned>(I / 16), max_tiles);
-  gateup_mma_kernel<<<grid, kSplitWarps * 32, 0, s>>>(tab, tiles, n_tiles, slot_pair, K, xq, xs, ldxs, d, I, limit, H);
+  if (packed)
+    gateup_mma_kernel<true><<<grid, kSplitWarps * 32, 0, s>>>(tab, tiles, n_tiles, slot_pair, K, xq, xs, ldxs, d, I, limit, H);
+  else
+    gateup_mma_kernel<false><<<grid, kSplitWarps * 32, 0, s>>>(tab, tiles, n_tiles, slot_pair, K, xq, xs, ldxs, d, I, limit, H);
   DSV4_CUDA_LAUNCH_CHECK();
 }
 
-void mma_down(const DevWeight* tab, const MoeTile* tiles, const int32_t* n_tiles, unsigned max_tiles,
+void mma_down(const DevWeight* tab, bool packed, const MoeTile* tiles, const int32_t* n_tiles, unsigned max_tiles,
               const int32_t* slot_pair, const uint8_t* hq, const float* hs, int64_t ldhs, int64_t d, int64_t I,
               float* Y, cudaStream_t s) {
   const dim3 grid(static_cast<unsigned>(d / 16), max_tiles);
-  down_mma_kernel<<<grid, kSplitWarps * 32, 0, s>>>(tab, tiles, n_tiles, slot_pair, hq, hs, ldhs, d, I, Y);
+  if (packed)
+    down_mma_kernel<true><<<grid, kSplitWarps * 32, 0, s>>>(tab, tiles, n_tiles, slot_pair, hq, hs, ldhs, d, I, Y);
+  else
+    down_mma_kernel<false><<<grid, kSplitWarps * 32, 0, s>>>(tab, tiles, n_tiles, slot_pair, hq, hs, ldhs, d, I, Y);
   DSV4_CUDA_LAUNCH_CHECK();
 }
 

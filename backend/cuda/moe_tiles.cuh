@@ -21,12 +21,19 @@ struct MoeTile {
 // 128, 16-byte aligned weights and 4-byte aligned E8M0 scales (mma_experts_ok).
 constexpr int kMmaTileTokens = 8;
 bool mma_experts_ok(const DevWeight* host_tab, int n, int64_t d, int64_t I);
-// H[slot, i] = swiglu(W1 x, W3 x) for slots of every tile; xq [rows, d] e4m3 codes, xs [d/128][ldxs].
-void mma_gateup(const DevWeight* tab, const MoeTile* tiles, const int32_t* n_tiles, unsigned max_tiles,
+// The packed FP4 layout of the tensor-core path: in every 64-byte block (128 values of a row) the
+// 4-byte slice q of group j moves to word j of 16-byte slot q, so that the mma thread that owns
+// slice q of all four groups loads them with one 16-byte load (4 loads of 4 bytes otherwise,
+// which kept the L1 pipeline, not DRAM, busy: ~1.3 TB/s). In place; its own inverse is not
+// needed (packed experts are only read by these kernels).
+void pack_fp4_for_mma(uint8_t* data, int64_t bytes, cudaStream_t s);
+// H[slot, i] = swiglu(W1 x, W3 x) for slots of every tile; xq [rows, d] e4m3 codes, xs [d/128][ldxs];
+// packed: the weights are in pack_fp4_for_mma's layout.
+void mma_gateup(const DevWeight* tab, bool packed, const MoeTile* tiles, const int32_t* n_tiles, unsigned max_tiles,
                 const int32_t* slot_pair, int K, const uint8_t* xq, const float* xs, int64_t ldxs, int64_t d,
                 int64_t I, float limit, float* H, cudaStream_t s);
 // Y[pair, :] = W2 h[slot] for slots of every tile; hq [slots, I] codes, hs [I/128][ldhs].
-void mma_down(const DevWeight* tab, const MoeTile* tiles, const int32_t* n_tiles, unsigned max_tiles,
+void mma_down(const DevWeight* tab, bool packed, const MoeTile* tiles, const int32_t* n_tiles, unsigned max_tiles,
               const int32_t* slot_pair, const uint8_t* hq, const float* hs, int64_t ldhs, int64_t d, int64_t I,
               float* Y, cudaStream_t s);
 

@@ -1,14 +1,16 @@
 // mHC kernels (twin: model/mhc.cpp). The projection mu = fn · X_r of every row is a skinny GEMM
 // ([R, n·d] × [n·d, (2+n)n]); it is split over K so that decode batches still fill the GPU:
-// kernel 1 writes per-slice partial sums (and Σx² for the RMS factor) into the row's output
-// buffer u / h, which is free until kernel 2 has read them back; kernel 2 reduces the slices in
-// a fixed order, applies sigmoid / Sinkhorn in one thread and writes the mixed row.
+// kernel 1 writes per-slice partial sums (and Σx² for the RMS factor) into a stash; kernel 2
+// reduces the slices in a fixed order and, over a grid of (row, channel slice) blocks, writes the
+// mixed row, while one extra block per row runs the gates and Sinkhorn (a serial ~3 µs chain that
+// one block per row used to run before mixing all 4 streams alone: ~19 µs per decode hc_pre).
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <type_traits>
 
 #include "backend/cuda/check.h"
+#include "backend/cuda/device.h"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/ops_common.cuh"
 
@@ -122,12 +124,13 @@ __device__ float sinkhorn_warp(float m, int n, int iters, float eps) {
   return m;
 }
 
-// out[c] = Σ_i coef[i] X[i, c] for one row (coef in shared memory).
-__device__ void mix_streams(const float* X, const float* coef, int64_t n, int64_t d, float* out) {
+// out[c] = Σ_i coef[i] X[i, c] for the float4 columns [c0, c1) of one row (coef in shared memory).
+__device__ void mix_slice(const float* X, const float* coef, int64_t n, int64_t d, int64_t c0, int64_t c1,
+                          float* out) {
   const float4* X4 = reinterpret_cast<const float4*>(X);
   float4* O4 = reinterpret_cast<float4*>(out);
   const int64_t d4 = d / 4;
-  for (int64_t c = threadIdx.x; c < d4; c += blockDim.x) {
+  for (int64_t c = c0 + threadIdx.x; c < c1; c += blockDim.x) {
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
     for (int64_t i = 0; i < n; ++i) {
       const float4 x = X4[i * d4 + c];
@@ -141,24 +144,40 @@ __device__ void mix_streams(const float* X, const float* coef, int64_t n, int64_
   }
 }
 
+// Columns of float4 that block y of `slices` mixes.
+__device__ void slice_range(int64_t d, int slices, int64_t& c0, int64_t& c1) {
+  const int64_t d4 = d / 4, per = (d4 + slices - 1) / slices;
+  c0 = min(d4, static_cast<int64_t>(blockIdx.y) * per);
+  c1 = min(d4, c0 + per);
+}
+
 constexpr int kMaxN = 4;  // hc_pre: (2+n)n <= 24
 
-__global__ void hc_pre_finish_kernel(const float* X, HcParams p, int n, int64_t d, int ksplit, int iters,
-                                     float hc_eps, float rms_eps, float* pre, float* post, float* comb, float* u) {
+// Grid (R, slices + 1): blocks y < slices mix their column slice with the pre gates (which need
+// only mu); block y == slices writes pre / post and runs Sinkhorn for comb.
+__global__ void hc_pre_finish_kernel(const float* X, const float* stash, int64_t ld_stash, HcParams p, int n, int64_t d,
+                                     int ksplit, int iters, float hc_eps, float rms_eps, int slices, float* pre,
+                                     float* post, float* comb, float* u) {
   __shared__ float mu[(2 + kMaxN) * kMaxN + 1];
   __shared__ float s_pre[kMaxN];
   const int64_t r = blockIdx.x;
   const int n_out = (2 + n) * n;
-  float* ur = u + r * d;
-  const float* Xr = X + r * n * d;
-  gather_mu(ur, n_out, ksplit, mu);
+  gather_mu(stash + r * ld_stash, n_out, ksplit, mu);
   __syncthreads();
+  const float rho = rms_factor(mu[n_out], n * d, rms_eps);
+  if (static_cast<int>(blockIdx.y) < slices) {
+    if (threadIdx.x < n)
+      s_pre[threadIdx.x] = sigmoidf_(p.scale[0] * (mu[threadIdx.x] * rho) + p.base[threadIdx.x]) + hc_eps;
+    __syncthreads();
+    int64_t c0, c1;
+    slice_range(d, slices, c0, c1);
+    mix_slice(X + r * n * d, s_pre, n, d, c0, c1, u + r * d);
+    return;
+  }
   if (threadIdx.x < 32) {  // warp 0: gates by lane, Sinkhorn one element per lane
     const int lane = threadIdx.x;
-    const float rho = rms_factor(mu[n_out], n * d, rms_eps);
     if (lane < n) {
-      s_pre[lane] = sigmoidf_(p.scale[0] * (mu[lane] * rho) + p.base[lane]) + hc_eps;
-      pre[r * n + lane] = s_pre[lane];
+      pre[r * n + lane] = sigmoidf_(p.scale[0] * (mu[lane] * rho) + p.base[lane]) + hc_eps;
       post[r * n + lane] = 2.0f * sigmoidf_(p.scale[1] * (mu[n + lane] * rho) + p.base[n + lane]);
     }
     const int e = lane < n * n ? lane : 0;
@@ -166,26 +185,25 @@ __global__ void hc_pre_finish_kernel(const float* X, HcParams p, int n, int64_t 
     const float m = sinkhorn_warp(m0, n, iters, hc_eps);
     if (lane < n * n) comb[r * n * n + lane] = m;
   }
-  __syncthreads();
-  mix_streams(Xr, s_pre, n, d, ur);
 }
 
 constexpr int kMaxHeadN = 24;
 
-__global__ void hc_head_finish_kernel(const float* X, HcParams p, int n, int64_t d, int ksplit, float hc_eps,
-                                      float rms_eps, float* h) {
+__global__ void hc_head_finish_kernel(const float* X, const float* stash, int64_t ld_stash, HcParams p, int n,
+                                      int64_t d, int ksplit, float hc_eps, float rms_eps, int slices, float* h) {
   __shared__ float mu[kMaxHeadN + 1];
   __shared__ float s_pre[kMaxHeadN];
   const int64_t r = blockIdx.x;
-  float* hr = h + r * d;
-  gather_mu(hr, n, ksplit, mu);
+  gather_mu(stash + r * ld_stash, n, ksplit, mu);
   __syncthreads();
-  if (threadIdx.x == 0) {
+  if (threadIdx.x < n) {
     const float rho = rms_factor(mu[n], n * d, rms_eps);
-    for (int i = 0; i < n; ++i) s_pre[i] = sigmoidf_(p.scale[0] * (mu[i] * rho) + p.base[i]) + hc_eps;
+    s_pre[threadIdx.x] = sigmoidf_(p.scale[0] * (mu[threadIdx.x] * rho) + p.base[threadIdx.x]) + hc_eps;
   }
   __syncthreads();
-  mix_streams(X + r * n * d, s_pre, n, d, hr);
+  int64_t c0, c1;
+  slice_range(d, slices, c0, c1);
+  mix_slice(X + r * n * d, s_pre, n, d, c0, c1, h + r * d);
 }
 
 template <int MAXN>
@@ -245,6 +263,21 @@ int project(const float* fn, const float* X, int64_t R, int64_t n, int64_t d, in
   return static_cast<int>(ks);
 }
 
+// Per-row projection partials ([R, d] floats; d >= slices x (n_out + 1), checked in project).
+// One buffer for the process: the kernels of one stream use it in order; growing it bumps the
+// scratch epoch, so captured graphs are rebuilt.
+float* stash(int64_t R, int64_t d) {
+  static DeviceBuffer buf;
+  grow_scratch(buf, static_cast<size_t>(R * d) * sizeof(float));
+  return buf.as<float>();
+}
+
+// Channel slices per row for the mixing: decode rows need several blocks each to stream X.
+int mix_slices(int64_t R, int64_t d) {
+  const int64_t by_width = ceil_div(d / 4, 256);
+  return static_cast<int>(R >= sm_count() ? 1 : std::max<int64_t>(1, std::min<int64_t>(by_width, 8)));
+}
+
 }  // namespace
 
 void hc_pre(const HcParams& p, const float* X, int64_t R, int64_t n, int64_t d, int64_t iters, float hc_eps,
@@ -252,9 +285,11 @@ void hc_pre(const HcParams& p, const float* X, int64_t R, int64_t n, int64_t d, 
   DSV4_CHECK(n >= 1 && n <= kMaxN, "cuda::hc_pre: n must be in [1, 4]");
   if (R == 0) return;
   const int n_out = static_cast<int>((2 + n) * n);
-  const int ks = project(p.fn, X, R, n, d, n_out, u, s);
-  hc_pre_finish_kernel<<<R, 256, 0, s>>>(X, p, static_cast<int>(n), d, ks, static_cast<int>(iters), hc_eps, rms_eps,
-                                         pre, post, comb, u);
+  float* st = stash(R, d);
+  const int ks = project(p.fn, X, R, n, d, n_out, st, s);
+  const int slices = mix_slices(R, d);
+  hc_pre_finish_kernel<<<dim3(static_cast<unsigned>(R), slices + 1), 256, 0, s>>>(
+      X, st, d, p, static_cast<int>(n), d, ks, static_cast<int>(iters), hc_eps, rms_eps, slices, pre, post, comb, u);
   DSV4_CUDA_LAUNCH_CHECK();
 }
 
@@ -275,8 +310,11 @@ void hc_head(const HcParams& p, const float* X, int64_t R, int64_t n, int64_t d,
              cudaStream_t s) {
   DSV4_CHECK(n >= 1 && n <= kMaxHeadN, "cuda::hc_head: n must be in [1, 24]");
   if (R == 0) return;
-  const int ks = project(p.fn, X, R, n, d, static_cast<int>(n), h, s);
-  hc_head_finish_kernel<<<R, 256, 0, s>>>(X, p, static_cast<int>(n), d, ks, hc_eps, rms_eps, h);
+  float* st = stash(R, d);
+  const int ks = project(p.fn, X, R, n, d, static_cast<int>(n), st, s);
+  const int slices = mix_slices(R, d);
+  hc_head_finish_kernel<<<dim3(static_cast<unsigned>(R), slices), 256, 0, s>>>(X, st, d, p, static_cast<int>(n), d, ks,
+                                                                              hc_eps, rms_eps, slices, h);
   DSV4_CUDA_LAUNCH_CHECK();
 }
 

@@ -70,6 +70,16 @@ CudaModel::CudaModel(const ModelWeights& w, cuda::Precision precision)
   moe_ = std::make_unique<cuda::MoeRunner>();
   const char* env = std::getenv("DSV4_CUDA_GRAPHS");
   graphs_on_ = !(env && std::string(env) == "0");
+  // Fast precision reads FP4 experts only through the tensor-core kernels: re-lay them once for
+  // 16-byte loads (this model owns the upload; DSV4_MOE_PACK=0 keeps the stored layout).
+  const char* pack = std::getenv("DSV4_MOE_PACK");
+  if (precision_ == cuda::Precision::Fast && !(pack && std::string(pack) == "0")) {
+    for (const DeviceLayer& L : dw_.layers)
+      if (!L.experts.w1.empty()) moe_->pack_for_tensor_cores(L.experts, stream_);
+    for (const DeviceMtp& M : dw_.mtp)
+      if (!M.block.experts.w1.empty()) moe_->pack_for_tensor_cores(M.block.experts, stream_);
+    DSV4_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
 }
 
 CudaModel::~CudaModel() {

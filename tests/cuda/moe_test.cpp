@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <numeric>
 
@@ -147,6 +148,58 @@ TEST(CudaMoe, MatchesCpuExperts) {
       EXPECT_LE(fast, 1e-2) << kind_name(c.kind) << " repeated experts R=" << R << " (fast)";
     }
   }
+}
+
+// The re-packed FP4 layout (pack_for_tensor_cores) feeds the same numbers to the same mma
+// sequence: outputs bitwise equal to the stored layout's tensor-core path, at decode sizes and
+// at a prefill size (many 8-token tiles per expert); Exact on packed experts is refused.
+TEST(CudaMoe, PackedExpertsMatchStoredLayout) {
+  DSV4_REQUIRE_GPU();
+  for (auto [E, d, I, K] : {std::array<int64_t, 4>{16, 256, 128, 4}, {8, 512, 384, 2}}) {
+    const Experts ex = make_experts(Kind::FP4, static_cast<int>(E), d, I);
+    struct Run {
+      int64_t R;
+      std::vector<float> x, w;
+      std::vector<int32_t> ids;
+      std::vector<float> stored;
+    };
+    std::vector<Run> runs;
+    for (int64_t R : {1, 3, 8, 300}) {
+      Run r{R, randn(static_cast<size_t>(R * d), 0.5f), {}, {}, {}};
+      route(R, K, static_cast<int>(E), r.ids, r.w);
+      runs.push_back(std::move(r));
+    }
+    cuda::MoeRunner runner;
+    auto run = [&](const Run& r) {
+      cuda::DeviceBuffer dx = cuda::to_device(r.x), de = cuda::to_device(r.ids), dw = cuda::to_device(r.w);
+      cuda::DeviceBuffer dout(static_cast<size_t>(r.R * d) * 4);
+      dout.fill_bytes(0);
+      runner.run(ex.dev, dx.as<float>(), r.R, de.as<int32_t>(), dw.as<float>(), K, 10.f, dout.as<float>(),
+                 cuda::Precision::Fast, nullptr);
+      EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      return cuda::to_host<float>(dout, static_cast<size_t>(r.R * d));
+    };
+    for (Run& r : runs) r.stored = run(r);
+    ASSERT_TRUE(runner.pack_for_tensor_cores(ex.dev, nullptr));
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    for (const Run& r : runs) {
+      const std::vector<float> packed = run(r);
+      ASSERT_EQ(packed.size(), r.stored.size());
+      size_t diff = 0;
+      for (size_t i = 0; i < packed.size(); ++i) diff += packed[i] != r.stored[i];
+      EXPECT_EQ(diff, 0u) << "d=" << d << " I=" << I << " R=" << r.R << ": packed != stored layout";
+    }
+    const Run& r = runs.front();
+    cuda::DeviceBuffer dx = cuda::to_device(r.x), de = cuda::to_device(r.ids), dw = cuda::to_device(r.w);
+    cuda::DeviceBuffer dout(static_cast<size_t>(r.R * d) * 4);
+    EXPECT_THROW(runner.run(ex.dev, dx.as<float>(), r.R, de.as<int32_t>(), dw.as<float>(), K, 10.f, dout.as<float>(),
+                            cuda::Precision::Exact, nullptr),
+                 std::exception);
+  }
+  // Non-FP4 experts are left alone.
+  const Experts fp8 = make_experts(Kind::FP8, 4, 256, 128);
+  cuda::MoeRunner runner;
+  EXPECT_FALSE(runner.pack_for_tensor_cores(fp8.dev, nullptr));
 }
 
 }  // namespace
