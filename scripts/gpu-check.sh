@@ -3,6 +3,8 @@
 # goldens), compute-sanitizer on the op tests, then the benchmarks. Logs go to $OUT; the last
 # lines printed are a short summary. Usage: scripts/gpu-check.sh [tests|bench|spec-bench|quick|all]
 # quick: ctest (no sanitizer, no CLI checks), bench_linear, `dsv4 bench --profile` and step.
+# verify: quick, then compute-sanitizer on the decode kernels' tests, the CLI speculative checks
+# and the MTP bench (one lease: a short session's closing run).
 # step: ncu kernel durations of one decode step (scripts/ncu_step_summary.py).
 # moe-profile: ncu sections (bandwidth, stalls, occupancy) of the tensor-core MoE kernels at 1 and 64
 # tokens, of the FP8 tensor-core GEMV (wq_b, 1 row) and of the small kernels of a decode step.
@@ -34,10 +36,11 @@ fi
 summary+=("build ok")
 save
 
-if [[ "$MODE" == quick ]]; then
+if [[ "$MODE" == quick || "$MODE" == verify ]]; then
   ctest --test-dir "$BUILD" --output-on-failure -j4 --timeout 300 >"$LOG/ctest.log" 2>&1
   summary+=("ctest: $(grep -E 'tests passed|tests failed' "$LOG/ctest.log" | tail -1)")
   grep -E "failed|Failed|FAILED" "$LOG/ctest.log" | head -20 >>"$LOG/summary-failures.log"
+  grep -E "max \|cuda|fast vs exact|pooled" "$LOG/ctest.log" | sort -u >"$LOG/model-numbers.log"
   save
   timeout 200 "$BUILD/bench/bench_linear" >"$LOG/bench_linear.log" 2>&1
   summary+=("bench_linear: rc=$?")
@@ -48,7 +51,7 @@ if [[ "$MODE" == quick ]]; then
   save
 fi
 
-if [[ "$MODE" == step || "$MODE" == quick ]]; then
+if [[ "$MODE" == step || "$MODE" == quick || "$MODE" == verify ]]; then
   # Each kernel's own duration in one eager decode step at batch 1 (what a graph replay pays).
   timeout 200 ncu --nvtx --nvtx-include "dsv4_decode_step/" --metrics gpu__time_duration.sum --csv \
     "$BUILD/tools/dsv4" bench --preset v4-flash --layers 8 --random-weights --batches 1 --prefill 64 --steps 2 \
@@ -64,7 +67,7 @@ if [[ "$MODE" == moe-profile ]]; then
   # (gateup, down); skip three warm-up calls. 1 token: launches 6-7; 64 tokens: after 2 x 28 calls.
   for case in "1tok 6" "64tok 118"; do
     set -- $case
-    timeout 150 ncu --kernel-name-base demangled --kernel-name regex:"gateup_mma_kernel<true>|down_mma_kernel<true>" \
+    timeout 150 ncu --kernel-name-base demangled --kernel-name regex:"mma_kernel<\(bool\)1>" \
       --launch-skip "$2" --launch-count 2 \
       --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
       --section LaunchStats --section SchedulerStats "$BUILD/bench/bench_linear" moe >"$LOG/ncu-moe-$1.txt" 2>&1
@@ -81,32 +84,47 @@ if [[ "$MODE" == moe-profile ]]; then
   timeout 150 ncu --nvtx --nvtx-include "dsv4_decode_step/" \
     --kernel-name regex:"hc_project|hc_pre_finish|attention_kernel|attention_merge|moe_route|rms_norm|quant_kernel" \
     --launch-count 30 --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section LaunchStats \
-    --section Occupancy "$BUILD/tools/dsv4" bench --preset v4-flash --layers 2 --random-weights --batches 1 \
+    --section Occupancy "$BUILD/tools/dsv4" bench --preset v4-flash --layers 4 --random-weights --batches 1 \
     --prefill 64 --steps 1 --profile >"$LOG/ncu-small-ops.txt" 2>&1
   summary+=("ncu small ops: rc=$?")
   cp "$LOG/ncu-small-ops.txt" "$OUT/" 2>/dev/null
   save
 fi
 
-if [[ "$MODE" == tests || "$MODE" == all ]]; then
-  ctest --test-dir "$BUILD" --output-on-failure -j4 --timeout 300 >"$LOG/ctest.log" 2>&1
-  summary+=("ctest: $(grep -E 'tests passed|tests failed' "$LOG/ctest.log" | tail -1)")
-  grep -E "max \|cuda|fast vs exact|pooled" "$LOG/ctest.log" | sort -u >"$LOG/model-numbers.log"
-  save
-  for t in "$BUILD"/tests/cuda/*_test; do
-    [[ -x "$t" ]] || continue
-    name=$(basename "$t")
-    filter=""
-    # The long engine-level tests run without the sanitizer (it is ~50x slower); one case each.
-    [[ "$name" == cuda_model_test ]] && filter="--gtest_filter=*ExactDecode*/a"
-    [[ "$name" == cuda_rollback_test ]] && filter="--gtest_filter=*TruncatedVerify*/0"
-    [[ "$name" == cuda_backend_test ]] && filter="--gtest_filter=*VerifyChunk*"
-    [[ "$name" == cuda_mtp_test ]] && filter="--gtest_filter=*CpuModule*/a"
-    [[ "$name" == cuda_linear_test ]] && filter="--gtest_filter=*Fp8Mma*:*Grouped*:*Exact*"
-    timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 "$t" $filter >"$LOG/sanitizer-$name.log" 2>&1
-    summary+=("memcheck $name: rc=$? $(grep -E 'ERROR SUMMARY' "$LOG/sanitizer-$name.log" | tail -1)")
+if [[ "$MODE" == verify ]]; then
+  # The kernels a Fast decode step runs (packed MoE, fused-quant GEMV, mHC, norm + RoPE, the fast
+  # tiny models end to end) under memcheck; one filter per binary keeps it to a few minutes.
+  for spec in "cuda_moe_test *Packed*" "cuda_linear_test *Fp8Mma*:*Grouped*" "cuda_ops_norm_test *" \
+              "cuda_ops_mhc_test *" "cuda_model_test CudaFastPath*"; do
+    set -- $spec
+    timeout 100 compute-sanitizer --tool memcheck --error-exitcode 9 "$BUILD/tests/cuda/$1" --gtest_filter="$2" \
+      >"$LOG/sanitizer-$1.log" 2>&1
+    summary+=("memcheck $1 ($2): rc=$? $(grep -E 'ERROR SUMMARY' "$LOG/sanitizer-$1.log" | tail -1)")
   done
   save
+fi
+
+if [[ "$MODE" == tests || "$MODE" == all || "$MODE" == verify ]]; then
+  if [[ "$MODE" != verify ]]; then
+    ctest --test-dir "$BUILD" --output-on-failure -j4 --timeout 300 >"$LOG/ctest.log" 2>&1
+    summary+=("ctest: $(grep -E 'tests passed|tests failed' "$LOG/ctest.log" | tail -1)")
+    grep -E "max \|cuda|fast vs exact|pooled" "$LOG/ctest.log" | sort -u >"$LOG/model-numbers.log"
+    save
+    for t in "$BUILD"/tests/cuda/*_test; do
+      [[ -x "$t" ]] || continue
+      name=$(basename "$t")
+      filter=""
+      # The long engine-level tests run without the sanitizer (it is ~50x slower); one case each.
+      [[ "$name" == cuda_model_test ]] && filter="--gtest_filter=*ExactDecode*/a"
+      [[ "$name" == cuda_rollback_test ]] && filter="--gtest_filter=*TruncatedVerify*/0"
+      [[ "$name" == cuda_backend_test ]] && filter="--gtest_filter=*VerifyChunk*"
+      [[ "$name" == cuda_mtp_test ]] && filter="--gtest_filter=*CpuModule*/a"
+      [[ "$name" == cuda_linear_test ]] && filter="--gtest_filter=*Fp8Mma*:*Grouped*:*Exact*"
+      timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 "$t" $filter >"$LOG/sanitizer-$name.log" 2>&1
+      summary+=("memcheck $name: rc=$? $(grep -E 'ERROR SUMMARY' "$LOG/sanitizer-$name.log" | tail -1)")
+    done
+    save
+  fi
   # MTP speculation through the CLI: greedy tokens identical to plain decoding for k = 1..3.
   gen=("$BUILD/tools/dsv4" generate --device cuda --prompt-ids 3,17,99,250,7,7,41 --max-new-tokens 40)
   want=$("${gen[@]}" 2>"$LOG/generate-plain.log")
@@ -129,10 +147,11 @@ if [[ "$MODE" == bench || "$MODE" == all ]]; then
   save
 fi
 
-if [[ "$MODE" == spec-bench || "$MODE" == all ]]; then
+if [[ "$MODE" == spec-bench || "$MODE" == all || "$MODE" == verify ]]; then
   timeout 300 "$BUILD/tools/dsv4" bench --preset v4-flash --layers 8 --random-weights --batches 1,16 --prefill 512 \
     --speculative-tokens 2 >"$LOG/spec-bench.log" 2>&1
   summary+=("dsv4 bench --speculative-tokens 2: rc=$? $(tail -5 "$LOG/spec-bench.log" | tr '\n' ';')")
+  cp "$LOG/spec-bench.log" "$OUT/" 2>/dev/null
   save
 fi
 

@@ -23,6 +23,11 @@ void rms_norm(const float* x, const float* gamma, float* y, int64_t rows, int64_
 void rope(float* x, int64_t rows, int64_t heads, int64_t len, const float* inv_freq, int64_t pairs,
           const int64_t* pos, bool inverse, cudaStream_t s);
 
+// rms_norm over each head's len channels (gamma [len] or nullptr), then rope (forward), in place
+// in one launch (q-norm + RoPE, kv-norm + RoPE of the attention).
+void rms_norm_rope(float* x, const float* gamma, int64_t rows, int64_t heads, int64_t len, float eps,
+                   const float* inv_freq, int64_t pairs, const int64_t* pos, cudaStream_t s);
+
 // ---- mHC (model/mhc.h is the twin) ---------------------------------------------------------------
 
 struct HcParams {

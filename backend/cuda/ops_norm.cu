@@ -82,6 +82,39 @@ __global__ void rms_norm_kernel(const float* x, const float* gamma, float* y, in
   }
 }
 
+// rms_norm then rope in one pass per (row, head) block of len channels (float4 path only): the
+// tail's pairs are rotated in registers right after normalising, with rope_kernel's arithmetic.
+__global__ void rms_norm_rope_kernel(float* x, const float* gamma, int64_t heads, int64_t len, float eps,
+                                     const float* inv_freq, int64_t pairs, const int64_t* pos) {
+  __shared__ double red[32];
+  float* xr = x + blockIdx.x * len;
+  double ss = 0.0;
+  for (int64_t i = threadIdx.x; i < len / 4; i += blockDim.x) {
+    const float4 v = reinterpret_cast<const float4*>(xr)[i];
+    ss += double(v.x) * v.x + double(v.y) * v.y + double(v.z) * v.z + double(v.w) * v.w;
+  }
+  ss = block_sum(ss, red);
+  const float inv = 1.0f / sqrtf(static_cast<float>(ss / len) + eps);
+  const int64_t tail = len - 2 * pairs;
+  const float p = static_cast<float>(pos[blockIdx.x / heads]);
+  for (int64_t i = threadIdx.x; i < len / 4; i += blockDim.x) {
+    float4 v = reinterpret_cast<const float4*>(xr)[i];
+    const float4 g = gamma ? reinterpret_cast<const float4*>(gamma)[i] : make_float4(1.f, 1.f, 1.f, 1.f);
+    float o[4] = {g.x * (v.x * inv), g.y * (v.y * inv), g.z * (v.z * inv), g.w * (v.w * inv)};
+    if (4 * i >= tail) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float ang = p * inv_freq[(4 * i - tail) / 2 + h];
+        const float c = cosf(ang), sn = sinf(ang);
+        const float a = o[2 * h], b = o[2 * h + 1];
+        o[2 * h] = a * c - b * sn;
+        o[2 * h + 1] = a * sn + b * c;
+      }
+    }
+    reinterpret_cast<float4*>(xr)[i] = make_float4(o[0], o[1], o[2], o[3]);
+  }
+}
+
 __global__ void rope_kernel(float* x, int64_t rows, int64_t heads, int64_t len, const float* inv_freq, int64_t pairs,
                             const int64_t* pos, bool inverse) {
   const int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
@@ -158,6 +191,18 @@ void rms_norm(const float* x, const float* gamma, float* y, int64_t rows, int64_
   const auto al = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
   const bool vec = n % 4 == 0 && al(x) && al(y) && (!gamma || al(gamma));
   rms_norm_kernel<<<rows, row_threads(n), 0, s>>>(x, gamma, y, n, eps, vec);
+  DSV4_CUDA_LAUNCH_CHECK();
+}
+
+void rms_norm_rope(float* x, const float* gamma, int64_t rows, int64_t heads, int64_t len, float eps,
+                   const float* inv_freq, int64_t pairs, const int64_t* pos, cudaStream_t s) {
+  if (rows * heads == 0) return;
+  const auto al = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
+  if (len % 4 != 0 || (2 * pairs) % 4 != 0 || 2 * pairs > len || !al(x) || (gamma && !al(gamma))) {
+    rms_norm(x, gamma, x, rows * heads, len, eps, s);
+    return rope(x, rows, heads, len, inv_freq, pairs, pos, false, s);
+  }
+  rms_norm_rope_kernel<<<rows * heads, row_threads(len), 0, s>>>(x, gamma, heads, len, eps, inv_freq, pairs, pos);
   DSV4_CUDA_LAUNCH_CHECK();
 }
 

@@ -301,13 +301,11 @@ void CudaModel::run_layer(const DeviceLayer& L, size_t li, const float* rope, co
   mark("norms");
   linear(L.wq_b, qr, R, q);
   mark("wq_b");
-  cuda::rms_norm(q, nullptr, q, R * H, D, eps, s);
-  cuda::rope(q, R, H, D, rope, P, a.pos, false, s);
+  cuda::rms_norm_rope(q, nullptr, R, H, D, eps, rope, P, a.pos, s);
   mark("q norm+rope");
   linear(L.wkv, u, R, kv);
   mark("wkv");
-  cuda::rms_norm(kv, L.kv_norm, kv, R, D, eps, s);
-  cuda::rope(kv, R, 1, D, rope, P, a.pos, false, s);
+  cuda::rms_norm_rope(kv, L.kv_norm, R, 1, D, eps, rope, P, a.pos, s);
   mark("kv norm+rope");
 
   // Compressor, indexer weights, router and head have BF16 weights: fp32 math in exact precision (the

@@ -1,4 +1,5 @@
 // Parity of the row-wise / elementwise CUDA ops with their CPU twins on fresh random inputs.
+#include <array>
 #include <algorithm>
 #include <cstring>
 
@@ -110,6 +111,29 @@ TEST(CudaOpsNorm, RopeMatchesCpuAtLongPositions) {
     DeviceBuffer dx = to_device(x), df = to_device(f), dp = to_device(pos);
     cuda::rope(dx.as<float>(), rows, heads, len, df.as<float>(), pairs, dp.as<int64_t>(), inverse, nullptr);
     EXPECT_LE(rel_error(to_host<float>(dx, x.size()), ref), 1e-6) << "inverse " << inverse;
+  }
+}
+
+// The fused q-norm / kv-norm + RoPE against its unfused CPU twin (rms_norm, then rope_inplace).
+TEST(CudaOpsNorm, RmsNormRopeMatchesCpu) {
+  DSV4_REQUIRE_GPU();
+  for (auto [heads, len, pairs] : {std::array<int64_t, 3>{8, 512, 32}, {1, 512, 32}, {3, 128, 6}, {2, 70, 5}}) {
+    const int64_t rows = 11;
+    const std::vector<float> f = test::inv_freqs(pairs), g = randn(len);
+    std::vector<int64_t> pos = test::rand_positions(rows, 1 << 20);
+    for (bool weighted : {true, false}) {
+      const std::vector<float> x = randn(rows * heads * len, 3.0f);
+      std::vector<float> ref(x.size());
+      cpu::rms_norm(x.data(), weighted ? g.data() : nullptr, ref.data(), rows * heads, len, 1e-6f);
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t h = 0; h < heads; ++h)
+          cpu::rope_inplace(ref.data() + (r * heads + h) * len, len, f.data(), pairs, pos[r], false);
+      DeviceBuffer dx = to_device(x), dg = to_device(g), df = to_device(f), dp = to_device(pos);
+      cuda::rms_norm_rope(dx.as<float>(), weighted ? dg.as<float>() : nullptr, rows, heads, len, 1e-6f,
+                          df.as<float>(), pairs, dp.as<int64_t>(), nullptr);
+      EXPECT_LE(rel_error(to_host<float>(dx, x.size()), ref), 1e-6)
+          << "heads " << heads << " len " << len << " pairs " << pairs << " weighted " << weighted;
+    }
   }
 }
 

@@ -66,7 +66,9 @@ void expect_distribution(const std::vector<float>& row, const Params& p, const s
     chi2 += (count[v] - e) * (count[v] - e) / e;
     ++df;
   }
-  if (df > 0) EXPECT_LE(chi2, chi2_bound(df)) << "df " << df;
+  if (df > 0) {
+    EXPECT_LE(chi2, chi2_bound(df)) << "df " << df;
+  }
 }
 
 std::vector<double> softmax(const std::vector<float>& l, float T) {
