@@ -96,7 +96,9 @@ if [[ "$MODE" == verify ]]; then
   # tiny models end to end) under memcheck; one filter per binary keeps it to a few minutes.
   for spec in "cuda_moe_test *Packed*" "cuda_linear_test *Fp8Mma*:*Grouped*" "cuda_ops_norm_test *" \
               "cuda_ops_mhc_test *" "cuda_model_test CudaFastPath*"; do
+    set -f  # the filters are globs for gtest, not for the shell
     set -- $spec
+    set +f
     timeout 100 compute-sanitizer --tool memcheck --error-exitcode 9 "$BUILD/tests/cuda/$1" --gtest_filter="$2" \
       >"$LOG/sanitizer-$1.log" 2>&1
     summary+=("memcheck $1 ($2): rc=$? $(grep -E 'ERROR SUMMARY' "$LOG/sanitizer-$1.log" | tail -1)")

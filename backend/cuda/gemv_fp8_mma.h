@@ -17,12 +17,5 @@ bool fp8_mma_gemv_ok(const DevWeight& w, int64_t row_begin, int64_t n, int64_t g
 // (grp_rows = n, grp_x = 0: a plain linear).
 void fp8_mma_gemv(const DevWeight& w, const uint8_t* xq, int64_t ldq, const float* xs, int64_t ldxs, int rows, float* y,
                   int64_t row_begin, int64_t n, int64_t ldy, int64_t grp_rows, int64_t grp_x, cudaStream_t s);
-// The same on fp32 x [rows, ldx] quantised inside the kernel (bitwise the numbers of
-// act_quant_fp8 + fp8_mma_gemv, one launch instead of two) for rows <= kMmaFusedQuantMaxRows;
-// every CTA re-reads x, so more rows are cheaper quantised once.
-constexpr int kMmaFusedQuantMaxRows = 2;
-bool fp8_mma_gemv_f32_ok(const float* x, int64_t ldx, int rows);
-void fp8_mma_gemv_f32(const DevWeight& w, const float* x, int64_t ldx, int rows, float* y, int64_t row_begin, int64_t n,
-                      int64_t ldy, int64_t grp_rows, int64_t grp_x, cudaStream_t s);
 
 }  // namespace dsv4::cuda::detail

@@ -47,10 +47,6 @@ class FastLinear {
   // FP8 weights at <= 8 rows: tensor-core GEMV (on by default; DSV4_FP8_MMA_GEMV=0 turns it off).
   bool mma_gemv() const { return mma_gemv_; }
   void set_mma_gemv(bool on) { mma_gemv_ = on; }
-  // The tensor-core GEMV at <= 2 rows quantises its fp32 input itself (one launch, same bits as
-  // quantising first); on by default.
-  bool fused_quant() const;
-  void set_fused_quant(bool on);
   // Per-weight data (expanded FP8 scales) is cached by device address: call this when weights
   // are freed or replaced, so a new weight at a reused address is not served stale scales.
   void forget_weights();

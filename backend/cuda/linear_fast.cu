@@ -247,17 +247,11 @@ struct FastLinear::Impl {
   // FP8 weights at <= 8 rows on tensor cores (gemv_fp8_mma.cu); groups > 1: block-diagonal with
   // x of groups * w.in columns. False (nothing enqueued) when the shape does not fit.
   DeviceBuffer xq8, xs8;
-  bool fused_quant = true;  // <= 2 rows: the GEMV quantises x itself (FastLinear::set_fused_quant)
   bool mma_fp8(const WeightView& w, const float* x, int64_t rows, float* y, int64_t row_begin, int64_t n, int64_t ldx,
                int64_t ldy, int64_t groups, cudaStream_t s) {
     const detail::DevWeight dw = detail::dev_weight(w);
     const int64_t grp_rows = n / groups, cols = groups * w.in;
     if (rows > detail::kMmaGemvMaxRows || !detail::fp8_mma_gemv_ok(dw, row_begin, n, grp_rows)) return false;
-    if (fused_quant && detail::fp8_mma_gemv_f32_ok(x, ldx, static_cast<int>(rows))) {
-      detail::fp8_mma_gemv_f32(dw, x, ldx, static_cast<int>(rows), y, row_begin, n, ldy, grp_rows,
-                               groups > 1 ? w.in : 0, s);
-      return true;
-    }
     grow(xq8, static_cast<size_t>(rows * cols));
     grow(xs8, static_cast<size_t>(rows * (cols / 128)) * sizeof(float));
     act_quant_fp8(x, rows, cols, ldx, rows, xq8.as<uint8_t>(), cols, xs8.as<float>(), s);
@@ -279,9 +273,6 @@ FastLinear::FastLinear() : impl_(std::make_unique<Impl>()) {
   if (const char* env = std::getenv("DSV4_FAST_GEMV_MAX_ROWS")) set_gemv_max_rows(std::atoi(env));
   if (const char* env = std::getenv("DSV4_FP8_MMA_GEMV")) mma_gemv_ = std::string(env) != "0";
 }
-
-void FastLinear::set_fused_quant(bool on) { impl_->fused_quant = on; }
-bool FastLinear::fused_quant() const { return impl_->fused_quant; }
 
 void FastLinear::set_gemv_max_rows(int r) {
   DSV4_CHECK(r >= 0 && r <= detail::kGemvMaxRows, "FastLinear: GEMV row bound must be in [0, ", detail::kGemvMaxRows,

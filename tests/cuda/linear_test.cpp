@@ -172,44 +172,6 @@ TEST(CudaLinear, Fp8MmaGemvMatchesSimtGemv) {
       }
 }
 
-// At <= 2 rows the tensor-core GEMV quantises its fp32 input itself: the same codes and scales
-// as act_quant_fp8, so the outputs are bitwise those of quantising first (plain and grouped,
-// strided x, sub-ranges).
-TEST(CudaLinear, Fp8MmaFusedQuantIsBitwiseQuantiseFirst) {
-  DSV4_REQUIRE_GPU();
-  cuda::FastLinear fast;
-  for (auto [out, in, groups] : {std::array<int64_t, 3>{1024, 4096, 1}, {512, 1024, 1}, {1024, 512, 4}})
-    for (int64_t rows : {1, 2}) {
-      TestWeight w = make_weight(Kind::FP8, out, in);
-      const int64_t cols = groups * in, ldx = cols + 128, ldy = out + 16;
-      std::vector<float> x = randn(static_cast<size_t>(rows * ldx));
-      for (size_t i = 0; i < x.size(); i += 97) x[i] *= 300.f;  // outliers: several scales per row
-      cuda::DeviceBuffer dx = cuda::to_device(x), da(static_cast<size_t>(rows * ldy) * 4), db(da.bytes());
-      da.fill_bytes(0xFF);
-      db.fill_bytes(0xFF);
-      for (bool fused : {true, false}) {
-        fast.set_fused_quant(fused);
-        float* y = (fused ? da : db).as<float>();
-        if (groups == 1)
-          fast.run(w.dev, dx.as<float>(), rows, y, 128, out, ldx, ldy, nullptr);
-        else
-          fast.run_grouped(w.dev, groups, dx.as<float>(), rows, y, ldx, ldy, nullptr);
-      }
-      fast.set_fused_quant(true);
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      const std::vector<float> a = cuda::to_host<float>(da, rows * ldy), b = cuda::to_host<float>(db, rows * ldy);
-      size_t diff = 0, nan = 0;
-      for (size_t i = 0; i < a.size(); ++i) {
-        diff += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
-        nan += std::isnan(a[i]);
-      }
-      EXPECT_EQ(diff, 0u) << out << "x" << in << " groups " << groups << " rows " << rows;
-      // Poisoned padding columns stay NaN; every written value is a number.
-      const int64_t n = groups == 1 ? out - 128 : out;
-      EXPECT_EQ(nan, static_cast<size_t>(rows * (ldy - n))) << out << "x" << in << " rows " << rows;
-    }
-}
-
 // Block-diagonal linears (wo_a): every group against the CPU twin on its slice of x; at decode
 // sizes one launch covers all groups, larger batches loop over run()/linear_exact.
 TEST(CudaLinear, GroupedMatchesPerGroupCpu) {
