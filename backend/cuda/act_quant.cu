@@ -4,6 +4,7 @@
 #include "backend/cuda/act_quant.h"
 #include "backend/cuda/check.h"
 #include "backend/cuda/fp8_quant.cuh"
+#include "backend/cuda/pdl.cuh"
 
 namespace dsv4::cuda {
 namespace {
@@ -42,6 +43,7 @@ __device__ __forceinline__ int block_pos(int kk, bool packed) {
 __global__ void quant_kernel(const float* __restrict__ x, int64_t rows, int64_t in, int64_t ldx, int64_t rows_pad,
                              uint8_t* __restrict__ q, int64_t ldq, float* __restrict__ scales, int64_t kblocks,
                              bool packed) {
+  detail::pdl_trigger();  // the GEMV / expert kernel after this one may start pulling its weights
   const int64_t id = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (id >= rows_pad * kblocks) return;
   const int64_t r = id / kblocks, kb = id % kblocks;

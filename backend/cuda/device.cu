@@ -1,7 +1,10 @@
 #include <atomic>
+#include <cstdlib>
+#include <string>
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/device.h"
+#include "backend/cuda/pdl.cuh"
 
 namespace dsv4::cuda {
 
@@ -80,5 +83,20 @@ bool is_device_pointer(const void* p) {
   }
   return a.type == cudaMemoryTypeDevice;
 }
+
+namespace detail {
+
+bool pdl_enabled() {
+  static const bool on = [] {
+    const char* env = std::getenv("DSV4_PDL");
+    if (env && std::string(env) == "0") return false;
+    int dev = 0, major = 0;
+    return cudaGetDevice(&dev) == cudaSuccess &&
+           cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 9;
+  }();
+  return on;
+}
+
+}  // namespace detail
 
 }  // namespace dsv4::cuda
