@@ -15,6 +15,7 @@
 #include "backend/cuda/fill_random.h"
 #include "backend/cuda/linear.h"
 #include "backend/cuda/moe.h"
+#include "backend/cuda/moe_tiles.cuh"
 
 using namespace dsv4;
 using namespace dsv4::cuda;
@@ -236,18 +237,25 @@ void bench_moe() {
       DeviceBuffer x(static_cast<size_t>(R * d) * 4), out(static_cast<size_t>(R * d) * 4);
       dsv4::cuda::fill_normal_f32(x.as<float>(), R * d, 1.f, 11 + R, nullptr);
       DSV4_CUDA_CHECK(cudaMemset(out.get(), 0, out.bytes()));
-      for (Precision p : {Precision::Exact, Precision::Fast}) {
-        if ((packed || R > 256) && p == Precision::Exact) continue;  // Exact at 4096 tokens: seconds
-        const double us = median_us([&](int i) {
-          const int s = i % sets;
-          runner.run(set, x.as<float>(), R, dex.as<int32_t>() + s * R * K, dwt.as<float>() + s * R * K, K, 10.f,
-                     out.as<float>(), p, nullptr);
-        });
-        char buf[96];
-        std::snprintf(buf, sizeof buf, "moe fp4 %s tokens %4lld (%3.0f exp)",
-                      p == Precision::Exact ? "exact" : packed ? "fast packed" : "fast ", (long long)R, distinct);
-        report(buf, us, distinct * expert_bytes + R * d * 8.0, 2.0 * R * K * 3 * d * I);
+      // Packed: the row blocks per CTA by size (rb 0), then each forced count (decode sizes).
+      const std::vector<int> rbs = packed && R <= 256 ? std::vector<int>{0, 1, 2, 4} : std::vector<int>{0};
+      for (const int rb : rbs) {
+        for (Precision p : {Precision::Exact, Precision::Fast}) {
+          if ((packed || R > 256) && p == Precision::Exact) continue;  // Exact at 4096 tokens: seconds
+          dsv4::cuda::detail::set_mma_row_blocks(rb);
+          const double us = median_us([&](int i) {
+            const int s = i % sets;
+            runner.run(set, x.as<float>(), R, dex.as<int32_t>() + s * R * K, dwt.as<float>() + s * R * K, K, 10.f,
+                       out.as<float>(), p, nullptr);
+          });
+          char buf[96];
+          std::snprintf(buf, sizeof buf, "moe fp4 %s tokens %4lld (%3.0f exp)%s",
+                        p == Precision::Exact ? "exact" : packed ? "fast packed" : "fast ", (long long)R, distinct,
+                        rb ? (rb == 1 ? " rb1" : rb == 2 ? " rb2" : " rb4") : "");
+          report(buf, us, distinct * expert_bytes + R * d * 8.0, 2.0 * R * K * 3 * d * I);
+        }
       }
+      dsv4::cuda::detail::set_mma_row_blocks(0);
     }
   }
 }

@@ -63,11 +63,12 @@ if [[ "$MODE" == step || "$MODE" == quick || "$MODE" == verify ]]; then
 fi
 
 if [[ "$MODE" == moe-profile ]]; then
-  # bench_linear moe, packed experts (the layout a Fast model runs): per token count 28 calls of
-  # (gateup, down); skip three warm-up calls. 1 token: launches 6-7; 64 tokens: after 2 x 28 calls.
-  for case in "1tok 6" "64tok 118"; do
+  # bench_linear moe, packed experts (the layout a Fast model runs): per token count and row-block
+  # setting (auto, 1, 2, 4) 28 calls of (gateup, down); skip three warm-up calls of the auto
+  # setting. 1 token: launches 6-7; 64 tokens: after 2 token counts x 4 settings x 28 calls.
+  for case in "1tok 6" "64tok 454"; do
     set -- $case
-    timeout 150 ncu --kernel-name-base demangled --kernel-name regex:"mma_kernel<\(bool\)1>" \
+    timeout 150 ncu --kernel-name-base demangled --kernel-name regex:"mma_kernel<.*\(bool\)1>" \
       --launch-skip "$2" --launch-count 2 \
       --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
       --section LaunchStats --section SchedulerStats "$BUILD/bench/bench_linear" moe >"$LOG/ncu-moe-$1.txt" 2>&1

@@ -12,6 +12,8 @@
 #include "backend/cuda/check.h"
 #include "backend/cuda/mma_e4m3.cuh"
 #include "backend/cuda/moe_tiles.cuh"
+#include "backend/cuda/ops_common.cuh"
+#include "backend/cuda/pdl.cuh"
 
 namespace dsv4::cuda::detail {
 namespace {
@@ -106,25 +108,28 @@ __device__ __forceinline__ void rows_times_tile(const DevWeight* const (&w)[NM],
   }
 }
 
-// Sums the warps' partials in warp order into warp 0's registers; false for the other warps.
-template <int N>
-__device__ __forceinline__ bool reduce_split(float (&acc)[N][4], float (*red)[N][4][32]) {
+// Each warp's partials go to shared memory as soon as a row block is done (holding all RB
+// blocks in registers spilled at RB = 4); after the barrier warp w < RB sums block w's NM
+// entries over the warps in warp order (deterministic).
+template <int NM, int RB>
+__device__ __forceinline__ void stash_partial(const float (&part)[NM][4], int rb, float (*red)[RB][NM][4][32]) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 #pragma unroll
-  for (int n = 0; n < N; ++n)
+  for (int m = 0; m < NM; ++m)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) red[warp][n][i][lane] = acc[n][i];
-  __syncthreads();
-  if (warp != 0) return false;
+    for (int i = 0; i < 4; ++i) red[warp][rb][m][i][lane] = part[m][i];
+}
+template <int NM, int RB>
+__device__ __forceinline__ void sum_partials(float (*red)[RB][NM][4][32], int rb, float (&acc)[NM][4]) {
+  const int lane = threadIdx.x & 31;
 #pragma unroll
-  for (int n = 0; n < N; ++n)
+  for (int m = 0; m < NM; ++m)
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      float v = red[0][n][i][lane];
-      for (int w = 1; w < kSplitWarps; ++w) v += red[w][n][i][lane];
-      acc[n][i] = v;
+      float v = red[0][rb][m][i][lane];
+      for (int w = 1; w < kSplitWarps; ++w) v += red[w][rb][m][i][lane];
+      acc[m][i] = v;
     }
-  return true;
 }
 
 __device__ __forceinline__ float swiglu_clamped(float g, float v, float limit) {
@@ -135,58 +140,93 @@ __device__ __forceinline__ float swiglu_clamped(float g, float v, float limit) {
   return g / (1.f + expf(-g)) * v;
 }
 
-template <bool PACKED>
+// Rows [r0, r0 + n) of each weight (FP4 bytes and E8M0 scales) into L2 before pdl_wait: the
+// tile list and slot list come from group_kernel, which finished before the activation
+// quantisation that this kernel overlaps began.
+template <int NM>
+__device__ __forceinline__ void prefetch_rows(const DevWeight* const (&w)[NM], int64_t r0, int64_t n) {
+#pragma unroll
+  for (int m = 0; m < NM; ++m) {
+    prefetch_l2(w[m]->data + r0 * (w[m]->in / 2), n * (w[m]->in / 2));
+    prefetch_l2(w[m]->scale + r0 * w[m]->scale_cols, n * w[m]->scale_cols);
+  }
+}
+
+// RB consecutive 16-row blocks per CTA: the tile, slot list and activation scales are read once
+// for RB blocks of weights (a CTA of one block paid that dependent-load chain for 4 (gate/up)
+// or 2 (down) 128-blocks per warp), and the grid shrinks by RB.
+template <int RB, bool PACKED>
 __global__ void __launch_bounds__(kSplitWarps * 32, 2)
     gateup_mma_kernel(const DevWeight* __restrict__ tab, const MoeTile* __restrict__ tiles,
                       const int32_t* __restrict__ n_tiles, const int32_t* __restrict__ slot_pair, int K,
                       const uint8_t* __restrict__ xq, const float* __restrict__ xs, int64_t ldxs, int64_t d, int64_t I,
                       float limit, float* __restrict__ H) {
-  __shared__ float red[kSplitWarps][2][4][32];
+  __shared__ float red[kSplitWarps][RB][2][4][32];
   if (static_cast<int>(blockIdx.y) >= *n_tiles) return;
   const MoeTile t = tiles[blockIdx.y];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
-  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * 16;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * 16 * RB;
   auto row_of = [&](int col) { return static_cast<int64_t>(slot_pair[t.start + (col < t.count ? col : 0)] / K); };
   const TokenOperand x{g < t.count ? xq + row_of(g) * d + (PACKED ? 32 : 8) * q : nullptr, xs + row_of(2 * q), xs + row_of(2 * q + 1),
                        ldxs};
   const int64_t nkb = d / 128, kb0 = warp * nkb / kSplitWarps, kb1 = (warp + 1) * nkb / kSplitWarps;
-  float acc[2][4] = {};
   const DevWeight* const ws[2] = {tab + 3 * t.expert, tab + 3 * t.expert + 2};  // W1, W3
-  rows_times_tile<2, PACKED>(ws, r0, x, kb0, kb1, acc);
-  if (!reduce_split<2>(acc, red)) return;
+  prefetch_rows(ws, r0, 16 * RB);
+  pdl_wait();  // x is being quantised by the kernel before this one (pdl.cuh)
+#pragma unroll
+  for (int rb = 0; rb < RB; ++rb) {
+    float part[2][4] = {};
+    rows_times_tile<2, PACKED>(ws, r0 + 16 * rb, x, kb0, kb1, part);
+    stash_partial<2, RB>(part, rb, red);
+  }
+  __syncthreads();
+  if (warp >= RB) return;
+  float acc[2][4];
+  sum_partials<2, RB>(red, warp, acc);
+  const int64_t row = r0 + 16 * warp + g;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int col = 2 * q + (i & 1);
     if (col < t.count)
-      H[static_cast<int64_t>(t.start + col) * I + r0 + g + (i >= 2 ? 8 : 0)] =
+      H[static_cast<int64_t>(t.start + col) * I + row + (i >= 2 ? 8 : 0)] =
           swiglu_clamped(acc[0][i] * kE2m1E4m3Unscale, acc[1][i] * kE2m1E4m3Unscale, limit);
   }
 }
 
-template <bool PACKED>
+template <int RB, bool PACKED>
 __global__ void __launch_bounds__(kSplitWarps * 32, 2)
     down_mma_kernel(const DevWeight* __restrict__ tab, const MoeTile* __restrict__ tiles,
                     const int32_t* __restrict__ n_tiles, const int32_t* __restrict__ slot_pair,
                     const uint8_t* __restrict__ hq, const float* __restrict__ hs, int64_t ldhs, int64_t d, int64_t I,
                     float* __restrict__ Y) {
-  __shared__ float red[kSplitWarps][1][4][32];
+  __shared__ float red[kSplitWarps][RB][1][4][32];
   if (static_cast<int>(blockIdx.y) >= *n_tiles) return;
   const MoeTile t = tiles[blockIdx.y];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
-  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * 16;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * 16 * RB;
   auto slot_of = [&](int col) { return static_cast<int64_t>(t.start + (col < t.count ? col : 0)); };
   const TokenOperand x{g < t.count ? hq + slot_of(g) * I + (PACKED ? 32 : 8) * q : nullptr, hs + slot_of(2 * q),
                        hs + slot_of(2 * q + 1), ldhs};
   const int64_t nkb = I / 128, kb0 = warp * nkb / kSplitWarps, kb1 = (warp + 1) * nkb / kSplitWarps;
-  float acc[1][4] = {};
   const DevWeight* const ws[1] = {tab + 3 * t.expert + 1};  // W2
-  rows_times_tile<1, PACKED>(ws, r0, x, kb0, kb1, acc);
-  if (!reduce_split<1>(acc, red)) return;
+  prefetch_rows(ws, r0, 16 * RB);
+  pdl_wait();  // h is being quantised by the kernel before this one
+#pragma unroll
+  for (int rb = 0; rb < RB; ++rb) {
+    float part[1][4] = {};
+    rows_times_tile<1, PACKED>(ws, r0 + 16 * rb, x, kb0, kb1, part);
+    stash_partial<1, RB>(part, rb, red);
+  }
+  __syncthreads();
+  if (warp >= RB) return;
+  float acc[1][4];
+  sum_partials<1, RB>(red, warp, acc);
+  const int64_t row = r0 + 16 * warp + g;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int col = 2 * q + (i & 1);
     if (col < t.count)
-      Y[static_cast<int64_t>(slot_pair[t.start + col]) * d + r0 + g + (i >= 2 ? 8 : 0)] = acc[0][i] * kE2m1E4m3Unscale;
+      Y[static_cast<int64_t>(slot_pair[t.start + col]) * d + row + (i >= 2 ? 8 : 0)] = acc[0][i] * kE2m1E4m3Unscale;
   }
 }
 
@@ -225,26 +265,62 @@ bool mma_experts_ok(const DevWeight* host_tab, int n, int64_t d, int64_t I) {
   return true;
 }
 
+namespace {
+
+int g_row_blocks = 0;  // 0: by size (row_blocks_for)
+
+// The largest of 4 / 2 / 1 row blocks per CTA that divides the rows and still leaves about four
+// CTAs per SM for the grid (fewer CTAs would leave SMs idle at the tail).
+int row_blocks_for(int64_t rows, unsigned max_tiles) {
+  const int64_t blocks = rows / 16;
+  if (g_row_blocks > 0) return blocks % g_row_blocks == 0 ? g_row_blocks : 1;
+  for (int rb : {4, 2}) {
+    if (blocks % rb == 0 && blocks / rb * max_tiles >= 4 * static_cast<int64_t>(sm_count())) return rb;
+  }
+  return 1;
+}
+
+template <template <int, bool> class KernelOf, typename... Args>
+void launch_rb(int rb, bool packed, dim3 grid, cudaStream_t s, Args... args) {
+  if (!packed) rb = 1;  // the stored layout (DSV4_MOE_PACK=0 only) keeps one row block: it spills beyond
+  grid.x /= rb;
+  auto go = [&](auto kernel) { launch_dependent(kernel, grid, dim3(kSplitWarps * 32), 0, s, args...); };
+  switch (rb * 2 + (packed ? 1 : 0)) {
+    case 9: go(KernelOf<4, true>::fn); break;
+    case 5: go(KernelOf<2, true>::fn); break;
+    case 3: go(KernelOf<1, true>::fn); break;
+    default: go(KernelOf<1, false>::fn); break;
+  }
+}
+
+template <int RB, bool PACKED>
+struct GateUpKernel {
+  static constexpr auto fn = gateup_mma_kernel<RB, PACKED>;
+};
+template <int RB, bool PACKED>
+struct DownKernel {
+  static constexpr auto fn = down_mma_kernel<RB, PACKED>;
+};
+
+}  // namespace
+
+void set_mma_row_blocks(int rb) {
+  DSV4_CHECK(rb == 0 || rb == 1 || rb == 2 || rb == 4, "set_mma_row_blocks: 0 (auto), 1, 2 or 4");
+  g_row_blocks = rb;
+}
+
 void mma_gateup(const DevWeight* tab, bool packed, const MoeTile* tiles, const int32_t* n_tiles, unsigned max_tiles,
                 const int32_t* slot_pair, int K, const uint8_t* xq, const float* xs, int64_t ldxs, int64_t d,
                 int64_t I, float limit, float* H, cudaStream_t s) {
-  const dim3 grid(static_cast<unsigned>(I / 16), max_tiles);
-  if (packed)
-    gateup_mma_kernel<true><<<grid, kSplitWarps * 32, 0, s>>>(tab, tiles, n_tiles, slot_pair, K, xq, xs, ldxs, d, I, limit, H);
-  else
-    gateup_mma_kernel<false><<<grid, kSplitWarps * 32, 0, s>>>(tab, tiles, n_tiles, slot_pair, K, xq, xs, ldxs, d, I, limit, H);
-  DSV4_CUDA_LAUNCH_CHECK();
+  launch_rb<GateUpKernel>(row_blocks_for(I, max_tiles), packed, dim3(static_cast<unsigned>(I / 16), max_tiles), s, tab,
+                          tiles, n_tiles, slot_pair, K, xq, xs, ldxs, d, I, limit, H);
 }
 
 void mma_down(const DevWeight* tab, bool packed, const MoeTile* tiles, const int32_t* n_tiles, unsigned max_tiles,
               const int32_t* slot_pair, const uint8_t* hq, const float* hs, int64_t ldhs, int64_t d, int64_t I,
               float* Y, cudaStream_t s) {
-  const dim3 grid(static_cast<unsigned>(d / 16), max_tiles);
-  if (packed)
-    down_mma_kernel<true><<<grid, kSplitWarps * 32, 0, s>>>(tab, tiles, n_tiles, slot_pair, hq, hs, ldhs, d, I, Y);
-  else
-    down_mma_kernel<false><<<grid, kSplitWarps * 32, 0, s>>>(tab, tiles, n_tiles, slot_pair, hq, hs, ldhs, d, I, Y);
-  DSV4_CUDA_LAUNCH_CHECK();
+  launch_rb<DownKernel>(row_blocks_for(d, max_tiles), packed, dim3(static_cast<unsigned>(d / 16), max_tiles), s, tab,
+                        tiles, n_tiles, slot_pair, hq, hs, ldhs, d, I, Y);
 }
 
 }  // namespace dsv4::cuda::detail
