@@ -2,33 +2,42 @@
 // instructions per 16 weight bytes (e4m3 -> f32 converts, 16 FMAs, 4 activation loads) and
 // is instruction-bound near the byte floor; mma.m16n8k32 on e4m3 operands takes the weight bytes
 // and the activation codes of act_quant_fp8 as they are stored (the earlier f16 form of this
-// kernel spent 6 converts per mma). A CTA owns 16 output rows (inside one 128-row scale block)
-// and its 8 warps split K by 128-blocks; each 32-long mma result is added to an fp32 block sum,
-// which is scaled by the weight's block scale and the activation's 1x128 scale; the warps'
-// partials are summed in warp order (deterministic).
-// Fragment mapping (g = lane / 4, q = lane % 4): weight rows g, g+8, token column g; thread q
-// holds bytes [16q, 16q + 16) of each 64-k span, words (0, 1) feeding one mma and (2, 3) the next
-// (the k order inside one mma is free as long as A and B agree).
+// kernel spent 6 converts per mma). A warp owns 16 output rows (inside one 128-row scale block)
+// and a slice of K in 128-blocks; a CTA holds RT such row tiles x KS K slices, picked per shape
+// (fp8_mma_gemv) so that small matrices get enough warps to have all their bytes in flight at
+// once (one tile of 8 K slices per CTA left wq_a / wkv / the shared expert at 0.2-0.6 TB/s) and
+// large ones give each warp several 128-blocks (one each left wq_b at 1.6 TB/s). Each 32-long mma
+// result is added to an fp32 block sum, scaled by the weight's block scale and the activation's
+// 1x128 scale; a tile's K-slice partials are summed in slice order (deterministic).
 #include <cuda_runtime.h>
+
+#include <algorithm>
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/gemv_fp8_mma.h"
 #include "backend/cuda/mma_e4m3.cuh"
+#include "backend/cuda/ops_common.cuh"
+#include "backend/cuda/pdl.cuh"
 
 namespace dsv4::cuda::detail {
 namespace {
 
-constexpr int kWarps = 8;
-
-__global__ void __launch_bounds__(kWarps * 32)
+template <int RT, int KS>
+__global__ void __launch_bounds__(RT * KS * 32)
     fp8_mma_gemv_kernel(DevWeight w, const uint8_t* __restrict__ xq, int64_t ldq, const float* __restrict__ xs,
                         int64_t ldxs, int rows, float* __restrict__ y, int64_t row_begin, int64_t n, int64_t ldy,
                         int64_t grp_rows, int64_t grp_x) {
-  __shared__ float red[kWarps][4][32];
+  __shared__ float red[RT][KS][4][32];
+  {  // the CTA's weight rows into L2 while the activations are still being quantised (pdl.cuh)
+    const int64_t first = static_cast<int64_t>(blockIdx.x) * RT * 16, count = min(int64_t(RT * 16), n - first);
+    prefetch_l2(w.data + (row_begin + first) * w.in, count * w.in);
+  }
+  pdl_wait();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
-  const int64_t t0 = static_cast<int64_t>(blockIdx.x) * 16, o0 = row_begin + t0;
-  const int64_t xoff = (t0 / grp_rows) * grp_x, K = w.in, nkb = K / 128;
-  const int64_t kb0 = warp * nkb / kWarps, kb1 = (warp + 1) * nkb / kWarps;
+  const int tile = warp / KS, ks = warp % KS;
+  const int64_t t0 = (static_cast<int64_t>(blockIdx.x) * RT + tile) * 16, o0 = row_begin + t0;
+  const int64_t xoff = (t0 / grp_rows) * grp_x, K = w.in, nkb = t0 < n ? K / 128 : 0;  // past n: no work
+  const int64_t kb0 = ks * nkb / KS, kb1 = (ks + 1) * nkb / KS;
   const uint8_t* pa = w.data + (o0 + g) * K + 16 * q;
   const uint8_t* pb = pa + 8 * K;
   const uint8_t* xr = g < rows ? xq + g * ldq + xoff + 16 * q : nullptr;
@@ -62,17 +71,35 @@ __global__ void __launch_bounds__(kWarps * 32)
     acc[3] += blk[3] * (sw * s1);
   }
 #pragma unroll
-  for (int i = 0; i < 4; ++i) red[warp][i][lane] = acc[i];
+  for (int i = 0; i < 4; ++i) red[tile][ks][i][lane] = acc[i];
   __syncthreads();
-  if (warp != 0) return;
+  if (ks != 0) return;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    float v = red[0][i][lane];
-    for (int p = 1; p < kWarps; ++p) v += red[p][i][lane];
+    float v = red[tile][0][i][lane];
+    for (int p = 1; p < KS; ++p) v += red[tile][p][i][lane];
     const int col = 2 * q + (i & 1);
     const int64_t row = t0 + g + (i >= 2 ? 8 : 0);
     if (col < rows && row < n) y[col * ldy + row] = v;
   }
+}
+
+// K slices per tile: enough warps over the whole matrix to cover ~half the GPU's warp slots,
+// each with at least two 128-blocks (one unrolled iteration of loads in flight), at most 16.
+int k_slices(int64_t tiles, int64_t nkb) {
+  const int64_t want_warps = 32ll * sm_count();
+  const int64_t per_warp = std::max<int64_t>(2, ceil_div(tiles * nkb, want_warps));
+  int ks = 16;
+  while (ks > 2 && ks * per_warp > nkb) ks /= 2;
+  return ks;
+}
+
+template <int RT, int KS>
+void launch(const DevWeight& w, const uint8_t* xq, int64_t ldq, const float* xs, int64_t ldxs, int rows, float* y,
+            int64_t row_begin, int64_t n, int64_t ldy, int64_t grp_rows, int64_t grp_x, cudaStream_t s) {
+  const unsigned ctas = static_cast<unsigned>(ceil_div(n / 16, int64_t(RT)));
+  launch_dependent(fp8_mma_gemv_kernel<RT, KS>, dim3(ctas), dim3(RT * KS * 32), 0, s, w, xq, ldq, xs, ldxs, rows, y,
+                   row_begin, n, ldy, grp_rows, grp_x);
 }
 
 }  // namespace
@@ -87,8 +114,13 @@ void fp8_mma_gemv(const DevWeight& w, const uint8_t* xq, int64_t ldq, const floa
   DSV4_CHECK(rows >= 1 && rows <= kMmaGemvMaxRows, "fp8_mma_gemv: 1..", kMmaGemvMaxRows, " rows");
   DSV4_CHECK(fp8_mma_gemv_ok(w, row_begin, n, grp_rows) && ldq % 16 == 0 && grp_x % 128 == 0,
              "fp8_mma_gemv: unsupported shape");
-  fp8_mma_gemv_kernel<<<static_cast<unsigned>(n / 16), kWarps * 32, 0, s>>>(w, xq, ldq, xs, ldxs, rows, y, row_begin,
-                                                                            n, ldy, grp_rows, grp_x);
+  // RT x KS = 8 or 16 warps: 16 slices of one tile for small matrices, 4 tiles of 2 for wq_b.
+  switch (k_slices(n / 16, w.in / 128)) {
+    case 16: launch<1, 16>(w, xq, ldq, xs, ldxs, rows, y, row_begin, n, ldy, grp_rows, grp_x, s); break;
+    case 8: launch<1, 8>(w, xq, ldq, xs, ldxs, rows, y, row_begin, n, ldy, grp_rows, grp_x, s); break;
+    case 4: launch<2, 4>(w, xq, ldq, xs, ldxs, rows, y, row_begin, n, ldy, grp_rows, grp_x, s); break;
+    default: launch<4, 2>(w, xq, ldq, xs, ldxs, rows, y, row_begin, n, ldy, grp_rows, grp_x, s); break;
+  }
   DSV4_CUDA_LAUNCH_CHECK();
 }
 

@@ -140,7 +140,7 @@ TEST(CudaLinear, Fp8MmaGemvMatchesSimtGemv) {
   cuda::FastLinear fast;
   for (Kind kind : {Kind::FP8, Kind::FP8_F32SCALE})
     for (auto [out, in, rb, re] : {std::array<int64_t, 4>{1024, 4096, 0, 1024}, {512, 1024, 96, 400},
-                                    {4096, 8192, 0, 4096}, {2048, 384, 128, 2048}})
+                                    {4096, 8192, 0, 4096}, {4096, 2048, 0, 4096}, {2048, 384, 128, 2048}})
       for (int64_t rows : {1, 2, 5, 8}) {
         TestWeight w = make_weight(kind, out, in);
         const int64_t ldx = in + 128, n = re - rb, ldy = n + 16;
