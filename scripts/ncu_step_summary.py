@@ -28,7 +28,11 @@ def main(path):
             val = float(r[v].replace(",", ""))
         except ValueError:
             continue
-        us = val / 1e3 if r[u] == "nsecond" else val * 1e3 if r[u] == "msecond" else val
+        # ncu names the unit "ns" / "nsecond" (by version); durations are summed in us.
+        scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3}
+        if r[u] not in scale:
+            sys.exit(f"ncu_step_summary: unknown duration unit '{r[u]}'")
+        us = val * scale[r[u]]
         total += us
         f = fam[family(r[k])]
         f[0] += us

@@ -25,6 +25,7 @@ constexpr int kAH = 8;        // heads per block (= warps)
 constexpr int kAK = 32;       // keys per tile (= lanes)
 constexpr int kAThreads = 256;
 constexpr int kMaxD = 2 * kAThreads;  // PV: each thread owns two output columns
+constexpr int kMaxSplit = 16;         // key-list splits per (row, head group) at small batches
 
 struct AttnSmem {
   // Offsets (in floats) into the dynamic shared buffer for a head dim D.
@@ -48,9 +49,33 @@ __device__ __forceinline__ const float* key_ptr(const AttnRow& row, int64_t j, i
   return row.entries + i * D;
 }
 
+// dst[j * ld + 4c ..] = src(j)[4c ..] for n rows of d4 float4 (src nullptr: zeros). Each thread
+// issues kStageBatch independent loads before storing any: the former one-load-then-store loop
+// left one load in flight per thread, and staging a 64 KB key tile took most of a decode
+// attention's ~28 us.
+constexpr int kStageBatch = 8;
+template <typename Src>
+__device__ __forceinline__ void stage_rows(float* dst, int64_t ld, int n, int d4, Src src) {
+  const int total = n * d4;
+  for (int i0 = threadIdx.x; i0 < total; i0 += kAThreads * kStageBatch) {
+    float4 v[kStageBatch];
+#pragma unroll
+    for (int b = 0; b < kStageBatch; ++b) {
+      const int i = i0 + b * kAThreads;
+      const float* p = i < total ? src(i / d4) : nullptr;
+      v[b] = p ? __ldg(reinterpret_cast<const float4*>(p) + i % d4) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int b = 0; b < kStageBatch; ++b) {
+      const int i = i0 + b * kAThreads;
+      if (i < total) reinterpret_cast<float4*>(dst + (i / d4) * ld)[i % d4] = v[b];
+    }
+  }
+}
+
 // partial == nullptr: write normalised o. Else write [R, H, nsplit] (m, l) pairs to ml and
 // unnormalised accumulators [R, H, nsplit, D] to partial.
-__global__ void __launch_bounds__(kAThreads)
+__global__ void __launch_bounds__(kAThreads, 2)  // 2 blocks per SM (the shared memory allows 2)
     attention_kernel(const float* q, const AttnRow* rows, int64_t H, int64_t D, int64_t W, const float* sink,
                      float scale, float* o, int nsplit, float* partial, float2* ml) {
   extern __shared__ __align__(16) float sm[];
@@ -72,11 +97,8 @@ __global__ void __launch_bounds__(kAThreads)
   const int64_t kb = std::min<int64_t>(nkeys, split * chunk), ke = std::min<int64_t>(nkeys, kb + chunk);
   const int64_t D4 = D / 4, ldk = D + 4;
 
-  for (int64_t i = tid; i < kAH * D4; i += kAThreads) {
-    const int64_t h = i / D4, c = i % D4;
-    reinterpret_cast<float4*>(Qs)[i] =
-        h0 + h < H ? reinterpret_cast<const float4*>(q + (r * H + h0 + h) * D)[c] : make_float4(0.f, 0.f, 0.f, 0.f);
-  }
+  stage_rows(Qs, D, static_cast<int>(kAH), static_cast<int>(D4),
+             [&](int h) { return h0 + h < H ? q + (r * H + h0 + h) * D : nullptr; });
   // Softmax state of head `warp` lives in that warp's registers (warp-uniform).
   const int64_t hw = h0 + warp;
   float m_run = hw < H ? sink[hw] : 0.f, l_run = 0.f;
@@ -87,12 +109,7 @@ __global__ void __launch_bounds__(kAThreads)
   for (int64_t t0 = kb; t0 < ke; t0 += kAK) {
     if (tid < kAK) kp[tid] = t0 + tid < ke ? key_ptr(row, t0 + tid, lo, nwin, W, D) : nullptr;
     __syncthreads();  // kp ready; previous tile's Ks / Ps no longer read
-    for (int64_t i = tid; i < kAK * D4; i += kAThreads) {
-      const int64_t s = i / D4, c = i % D4;
-      const float* k = kp[s];
-      reinterpret_cast<float4*>(Ks + s * ldk)[c] =
-          k ? reinterpret_cast<const float4*>(k)[c] : make_float4(0.f, 0.f, 0.f, 0.f);
-    }
+    stage_rows(Ks, ldk, kAK, static_cast<int>(D4), [&](int j) { return kp[j]; });
     __syncthreads();
     // QK^T: lane = key, warp = slice of the head dim, 8 head accumulators.
     float dots[kAH];
@@ -188,7 +205,9 @@ __global__ void attention_merge_kernel(const float* partial, const float2* ml, i
   const float inv = inv_den;
   for (int64_t c = threadIdx.x; c < D; c += blockDim.x) {
     float v = 0.f;
-    for (int s = 0; s < nsplit; ++s) v += wgt[s] * partial[(rh * nsplit + s) * D + c];
+#pragma unroll
+    for (int s = 0; s < kMaxSplit; ++s)  // unrolled: the split loads are in flight together
+      if (s < nsplit) v += wgt[s] * partial[(rh * nsplit + s) * D + c];
     o[rh * D + c] = v * inv;
   }
 }
@@ -202,7 +221,7 @@ void sparse_attention(const float* q, const AttnRow* rows, int64_t R, int64_t H,
   if (R == 0 || H == 0) return;
   const int64_t groups = ceil_div(H, kAH);
   // Fewer blocks than ~2 waves: split each row's keys (at most 16 ways).
-  const int nsplit = static_cast<int>(std::clamp<int64_t>(ceil_div(2 * sm_count(), R * groups), 1, 16));
+  const int nsplit = static_cast<int>(std::clamp<int64_t>(ceil_div(2 * sm_count(), R * groups), 1, kMaxSplit));
   const size_t smem = AttnSmem(D).total * sizeof(float);
   DSV4_CUDA_CHECK(cudaFuncSetAttribute(attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        static_cast<int>(smem)));
