@@ -2,7 +2,7 @@
 // H 64 × D 512 attention over window 128 + 512 selected entries, indexer 64 × 128 heads,
 // top-512) for decode batches 1/8/64/256 and a 4096-token prefill. Prints the median of 25
 // timed calls (cudaEvent, after 3 warm-up calls), the floor max(bytes / 4.2e12 B/s,
-// FLOPs / 6e13 FLOP/s fp32 SIMT) and measured / floor.
+// FLOPs / 6e13 FLOP/s fp32 SIMT, 5e14 bf16 tensor cores for the fast indexer) and measured / floor.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -64,10 +64,14 @@ double median_us(F call) {
   return t[t.size() / 2] * 1e3;
 }
 
-void report(const char* op, int64_t R, const char* shape, double us, double bytes, double flops) {
-  const double floor_us = std::max(bytes / kBandwidth, flops / kSimtFlops) * 1e6;
+// rate: the FLOP rate of the unit the kernel runs on (fp32 SIMT unless given).
+constexpr double kBf16Flops = 5e14;  // dense bf16 mma.sync, half the FP8 rate the linears use
+
+void report(const char* op, int64_t R, const char* shape, double us, double bytes, double flops,
+            double rate = kSimtFlops) {
+  const double floor_us = std::max(bytes / kBandwidth, flops / rate) * 1e6;
   std::printf("%-18s R=%-5lld %-26s %10.2f us  floor %9.2f us (%s)  ratio %6.2f\n", op, static_cast<long long>(R),
-              shape, us, floor_us, bytes / kBandwidth >= flops / kSimtFlops ? "bytes" : "flops", us / floor_us);
+              shape, us, floor_us, bytes / kBandwidth >= flops / rate ? "bytes" : "flops", us / floor_us);
 }
 
 const std::vector<int64_t> kRows = {1, 8, 64, 256, 4096};
@@ -132,24 +136,29 @@ void bench_attention() {
   }
 }
 
-// The keys of one sequence are shared by all rows (the kernel is FLOP-bound: 32 FLOP per key byte).
+// The keys of one sequence are shared by all rows. Exact: fp32 SIMT scores (FLOP-bound, 32 FLOP
+// per key byte at 64 heads); fast: bf16 tensor cores, bound by the fp32 key bytes. 262144 entries
+// = a 1M-token context at ratio 4 (the 256k-candidate target).
 void bench_indexer() {
   const int64_t nh = 64, hd = 128, topk = 512;
-  for (int64_t n_vis : {16384, 65536}) {
+  for (int64_t n_vis : {16384, 65536, 262144}) {
     DeviceBuffer keys = floats(n_vis * hd);
-    for (int64_t R : kRows) {
-      DeviceBuffer q = floats(R * nh * hd), om = floats(R * nh, 0.01f), out(R * topk * 4);
-      std::vector<IndexerRow> rows(R, IndexerRow{keys.as<float>(), n_vis});
-      DeviceBuffer drows = to_device(rows);
-      const double us = median_us([&] {
-        indexer_topk(q.as<float>(), om.as<float>(), drows.as<IndexerRow>(), R, nh, hd, topk, n_vis,
-                     out.as<int32_t>(), nullptr);
-      });
-      char shape[64];
-      std::snprintf(shape, sizeof shape, "%lld entries, top-512", static_cast<long long>(n_vis));
-      report("indexer_topk", R, shape, us, n_vis * hd * 4.0 + R * (nh * hd * 4.0 + n_vis * 4.0 * 2),
-             2.0 * R * n_vis * nh * hd);
-    }
+    for (const bool fast : {false, true})
+      for (int64_t R : kRows) {
+        if (R > 64 && (n_vis > 65536 || !fast)) continue;  // seconds per call on the fp32 path
+        DeviceBuffer q = floats(R * nh * hd), om = floats(R * nh, 0.01f), out(R * topk * 4);
+        std::vector<IndexerRow> rows(R, IndexerRow{keys.as<float>(), n_vis});
+        DeviceBuffer drows = to_device(rows);
+        const double us = median_us([&] {
+          indexer_topk(q.as<float>(), om.as<float>(), drows.as<IndexerRow>(), R, nh, hd, topk, n_vis,
+                       out.as<int32_t>(), nullptr, fast);
+        });
+        char name[32], shape[64];
+        std::snprintf(name, sizeof name, "indexer_topk %s", fast ? "fast" : "exact");
+        std::snprintf(shape, sizeof shape, "%lld entries, top-512", static_cast<long long>(n_vis));
+        report(name, R, shape, us, n_vis * hd * 4.0 + R * (nh * hd * 4.0 + n_vis * 4.0 * 2),
+               2.0 * R * n_vis * nh * hd, fast ? kBf16Flops : kSimtFlops);
+      }
   }
 }
 

@@ -96,9 +96,11 @@ void indexer_topk(const float* q, const float* omega, const IndexerRow* rows, in
                   int64_t topk, int32_t* out, cudaStream_t s);
 // Same, given an upper bound of n_visible over the rows (sizes the stream-ordered score
 // scratch): no host sync, CUDA-graph capturable. The form above reads `rows` back to find it.
-// topk <= 2048.
+// topk <= 2048. fast: scores on bf16 tensor cores (q and keys rounded to bf16, fp32 sums; the
+// official demo's bf16 score einsum) where the shape allows (heads % 8, head dim % 16, <= 64 x
+// 128), else the fp32 twin.
 void indexer_topk(const float* q, const float* omega, const IndexerRow* rows, int64_t R, int64_t nh, int64_t hd,
-                  int64_t topk, int64_t max_visible, int32_t* out, cudaStream_t s);
+                  int64_t topk, int64_t max_visible, int32_t* out, cudaStream_t s, bool fast = false);
 
 // ---- attention (model/attention.cpp is the twin) -------------------------------------------------
 

@@ -338,7 +338,7 @@ void CudaModel::run_layer(const DeviceLayer& L, size_t li, const float* rope, co
     cuda::scale_inplace(a.omega, R * nI, 1.0f / std::sqrt(static_cast<float>(dI)) / std::sqrt(static_cast<float>(nI)), s);
     mark("indexer weights_proj");
     cuda::indexer_topk(a.qI, a.omega, reinterpret_cast<const cuda::IndexerRow*>(at(ld.idx_rows)), R, nI, dI, topk,
-                       std::max<int64_t>(ld.max_visible, 1), a.sel, s);
+                       std::max<int64_t>(ld.max_visible, 1), a.sel, s, precision_ == cuda::Precision::Fast);
     mark("indexer_topk");
   }
   cuda::sparse_attention(q, reinterpret_cast<const cuda::AttnRow*>(at(ld.attn)), R, H, D, W, L.sink, o, s);

@@ -1,0 +1,20 @@
+// The indexer's Fast-precision scoring on bf16 tensor cores (ops_indexer_mma.cu); the selection
+// is shared with the Exact path (ops_indexer.cu).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backend/cuda/ops.h"
+
+namespace dsv4::cuda::detail {
+
+constexpr int kIndexerMmaMaxHeads = 64;
+constexpr int kIndexerMmaMaxDim = 128;
+// Heads a multiple of 8 up to 64, head dim a multiple of 16 up to 128 (V4: 64 x 128).
+bool indexer_mma_ok(int64_t nh, int64_t hd);
+// scores[r * ld + s] for s < rows[r].n_visible (<= max_visible); other slots untouched.
+void indexer_score_mma(const float* q, const float* omega, const IndexerRow* rows, int64_t R, int64_t nh, int64_t hd,
+                       int64_t max_visible, float* scores, int64_t ld, cudaStream_t s);
+
+}  // namespace dsv4::cuda::detail

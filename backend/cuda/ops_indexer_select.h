@@ -1,0 +1,20 @@
+// The indexer's top-k selection over a score buffer (ops_indexer_select.cu), shared by the
+// Exact (fp32 SIMT) and Fast (bf16 tensor-core) scoring kernels.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backend/cuda/ops.h"
+
+namespace dsv4::cuda::detail {
+
+constexpr int kMaxIndexerTopk = 2048;
+// Rows of at least this many entries (max_visible) take the multi-block path.
+constexpr int64_t kLargeRow = 32768;
+// out[r, :] = top min(topk, n_visible) indices of scores[r * ld, ...) (descending, ties to the
+// lower index), the rest -1. Stream-ordered scratch only: CUDA-graph capturable.
+void indexer_select(const float* scores, int64_t ld, const IndexerRow* rows, int64_t R, int64_t topk,
+                    int64_t max_visible, int32_t* out, cudaStream_t s);
+
+}  // namespace dsv4::cuda::detail
