@@ -15,7 +15,6 @@
 #include "backend/cuda/fill_random.h"
 #include "backend/cuda/linear.h"
 #include "backend/cuda/moe.h"
-#include "backend/cuda/moe_tiles.cuh"
 
 using namespace dsv4;
 using namespace dsv4::cuda;
@@ -237,12 +236,19 @@ void bench_moe() {
       DeviceBuffer x(static_cast<size_t>(R * d) * 4), out(static_cast<size_t>(R * d) * 4);
       dsv4::cuda::fill_normal_f32(x.as<float>(), R * d, 1.f, 11 + R, nullptr);
       DSV4_CUDA_CHECK(cudaMemset(out.get(), 0, out.bytes()));
-      // Packed: the row blocks per CTA by size (rb 0), then each forced count (decode sizes).
-      const std::vector<int> rbs = packed && R <= 256 ? std::vector<int>{0, 1, 2, 4} : std::vector<int>{0};
-      for (const int rb : rbs) {
+      // Packed at decode sizes: the default (2 row blocks per CTA, 2 CTAs per SM), then the other
+      // row-block counts and the 3-CTA build (same bits, different latency hiding).
+      struct Variant {
+        int rb, occ;
+        const char* tag;
+      };
+      const std::vector<Variant> all = {{0, 2, ""}, {1, 2, " rb1"}, {4, 2, " rb4"}, {0, 3, " occ3"}, {1, 3, " rb1 occ3"}};
+      const std::vector<Variant> variants = packed && R <= 256 ? all : std::vector<Variant>{all[0]};
+      for (const Variant& v : variants) {
+        const int rb = v.rb;
         for (Precision p : {Precision::Exact, Precision::Fast}) {
           if ((packed || R > 256) && p == Precision::Exact) continue;  // Exact at 4096 tokens: seconds
-          dsv4::cuda::detail::set_mma_row_blocks(rb);
+          dsv4::cuda::set_moe_mma_variant(rb, v.occ);
           const double us = median_us([&](int i) {
             const int s = i % sets;
             runner.run(set, x.as<float>(), R, dex.as<int32_t>() + s * R * K, dwt.as<float>() + s * R * K, K, 10.f,
@@ -251,11 +257,11 @@ void bench_moe() {
           char buf[96];
           std::snprintf(buf, sizeof buf, "moe fp4 %s tokens %4lld (%3.0f exp)%s",
                         p == Precision::Exact ? "exact" : packed ? "fast packed" : "fast ", (long long)R, distinct,
-                        rb ? (rb == 1 ? " rb1" : rb == 2 ? " rb2" : " rb4") : "");
+                        v.tag);
           report(buf, us, distinct * expert_bytes + R * d * 8.0, 2.0 * R * K * 3 * d * I);
         }
       }
-      dsv4::cuda::detail::set_mma_row_blocks(0);
+      dsv4::cuda::set_moe_mma_variant(0, 2);
     }
   }
 }

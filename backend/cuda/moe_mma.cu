@@ -11,6 +11,7 @@
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/mma_e4m3.cuh"
+#include "backend/cuda/moe.h"
 #include "backend/cuda/moe_tiles.cuh"
 #include "backend/cuda/ops_common.cuh"
 #include "backend/cuda/pdl.cuh"
@@ -33,7 +34,7 @@ struct TokenOperand {
 
 // acc[m][i] += Σ_k W_m[row_i, k] x[col_i, k] over 128-blocks [kb0, kb1) (unscaled by 2^6) for
 // the NM weights of one expert that share x (gate and up: their loads are in flight together).
-template <int NM, bool PACKED>
+template <int NM, bool PACKED, int UNROLL>
 __device__ __forceinline__ void rows_times_tile(const DevWeight* const (&w)[NM], int64_t r0, const TokenOperand& x,
                                                 int64_t kb0, int64_t kb1, float (&acc)[NM][4]) {
   const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
@@ -45,7 +46,7 @@ __device__ __forceinline__ void rows_times_tile(const DevWeight* const (&w)[NM],
     pa[m] = w[m]->data + (r0 + g) * rb + (PACKED ? 16 : 4) * q;
     sa[m] = w[m]->scale + (r0 + g) * sc;
   }
-#pragma unroll 2
+#pragma unroll UNROLL
   for (int64_t kb = kb0; kb < kb1; ++kb) {
     uint32_t wa[NM][4], wb[NM][4], ea[NM], eb[NM];
     uint2 xc[4];
@@ -152,11 +153,16 @@ __device__ __forceinline__ void prefetch_rows(const DevWeight* const (&w)[NM], i
   }
 }
 
+// MINB CTAs per SM: 2 with two 128-blocks of loads in flight per warp (128 registers), or 3
+// with one (<= 85 registers: more warps to hide the dependent mma / conversion chains; ncu at
+// 1 token showed 3.6 active warps per scheduler issuing every 6.5 cycles).
+constexpr int unroll_for(int minb) { return minb >= 3 ? 1 : 2; }
+
 // RB consecutive 16-row blocks per CTA: the tile, slot list and activation scales are read once
 // for RB blocks of weights (a CTA of one block paid that dependent-load chain for 4 (gate/up)
 // or 2 (down) 128-blocks per warp), and the grid shrinks by RB.
-template <int RB, bool PACKED>
-__global__ void __launch_bounds__(kSplitWarps * 32, 2)
+template <int RB, bool PACKED, int MINB>
+__global__ void __launch_bounds__(kSplitWarps * 32, MINB)
     gateup_mma_kernel(const DevWeight* __restrict__ tab, const MoeTile* __restrict__ tiles,
                       const int32_t* __restrict__ n_tiles, const int32_t* __restrict__ slot_pair, int K,
                       const uint8_t* __restrict__ xq, const float* __restrict__ xs, int64_t ldxs, int64_t d, int64_t I,
@@ -176,7 +182,7 @@ __global__ void __launch_bounds__(kSplitWarps * 32, 2)
 #pragma unroll
   for (int rb = 0; rb < RB; ++rb) {
     float part[2][4] = {};
-    rows_times_tile<2, PACKED>(ws, r0 + 16 * rb, x, kb0, kb1, part);
+    rows_times_tile<2, PACKED, unroll_for(MINB)>(ws, r0 + 16 * rb, x, kb0, kb1, part);
     stash_partial<2, RB>(part, rb, red);
   }
   __syncthreads();
@@ -193,8 +199,8 @@ __global__ void __launch_bounds__(kSplitWarps * 32, 2)
   }
 }
 
-template <int RB, bool PACKED>
-__global__ void __launch_bounds__(kSplitWarps * 32, 2)
+template <int RB, bool PACKED, int MINB>
+__global__ void __launch_bounds__(kSplitWarps * 32, MINB)
     down_mma_kernel(const DevWeight* __restrict__ tab, const MoeTile* __restrict__ tiles,
                     const int32_t* __restrict__ n_tiles, const int32_t* __restrict__ slot_pair,
                     const uint8_t* __restrict__ hq, const float* __restrict__ hs, int64_t ldhs, int64_t d, int64_t I,
@@ -214,7 +220,7 @@ __global__ void __launch_bounds__(kSplitWarps * 32, 2)
 #pragma unroll
   for (int rb = 0; rb < RB; ++rb) {
     float part[1][4] = {};
-    rows_times_tile<1, PACKED>(ws, r0 + 16 * rb, x, kb0, kb1, part);
+    rows_times_tile<1, PACKED, unroll_for(MINB)>(ws, r0 + 16 * rb, x, kb0, kb1, part);
     stash_partial<1, RB>(part, rb, red);
   }
   __syncthreads();
@@ -267,60 +273,70 @@ bool mma_experts_ok(const DevWeight* host_tab, int n, int64_t d, int64_t I) {
 
 namespace {
 
-int g_row_blocks = 0;  // 0: by size (row_blocks_for)
+int g_row_blocks = 0;  // 0: the default (row_blocks_for); set by set_moe_mma_variant
+int g_occupancy = 2;   // CTAs per SM the packed kernels are built for (2 or 3)
 
-// The largest of 4 / 2 / 1 row blocks per CTA that divides the rows and still leaves about four
-// CTAs per SM for the grid (fewer CTAs would leave SMs idle at the tail).
-int row_blocks_for(int64_t rows, unsigned max_tiles) {
+// 2 row blocks per CTA where they divide the rows: in bench_linear (run 2 of 2026-12-03) 2 was
+// the fastest or within 1% at 1 / 8 / 64 / 256 tokens (1 token: 73.7 us vs 76.7 for 1 and 89.2
+// for 4; 8 tokens: 331 vs 374 / 355).
+int row_blocks_for(int64_t rows) {
   const int64_t blocks = rows / 16;
-  if (g_row_blocks > 0) return blocks % g_row_blocks == 0 ? g_row_blocks : 1;
-  for (int rb : {4, 2}) {
-    if (blocks % rb == 0 && blocks / rb * max_tiles >= 4 * static_cast<int64_t>(sm_count())) return rb;
-  }
-  return 1;
+  const int rb = g_row_blocks > 0 ? g_row_blocks : 2;
+  return blocks % rb == 0 ? rb : 1;
 }
 
-template <template <int, bool> class KernelOf, typename... Args>
+template <template <int, bool, int> class KernelOf, typename... Args>
 void launch_rb(int rb, bool packed, dim3 grid, cudaStream_t s, Args... args) {
   if (!packed) rb = 1;  // the stored layout (DSV4_MOE_PACK=0 only) keeps one row block: it spills beyond
   grid.x /= rb;
   auto go = [&](auto kernel) { launch_dependent(kernel, grid, dim3(kSplitWarps * 32), 0, s, args...); };
-  switch (rb * 2 + (packed ? 1 : 0)) {
-    case 9: go(KernelOf<4, true>::fn); break;
-    case 5: go(KernelOf<2, true>::fn); break;
-    case 3: go(KernelOf<1, true>::fn); break;
-    default: go(KernelOf<1, false>::fn); break;
+  const bool occ3 = packed && g_occupancy == 3;
+  switch (rb * 4 + (packed ? 2 : 0) + (occ3 ? 1 : 0)) {
+    case 19: go(KernelOf<4, true, 3>::fn); break;
+    case 18: go(KernelOf<4, true, 2>::fn); break;
+    case 11: go(KernelOf<2, true, 3>::fn); break;
+    case 10: go(KernelOf<2, true, 2>::fn); break;
+    case 7: go(KernelOf<1, true, 3>::fn); break;
+    case 6: go(KernelOf<1, true, 2>::fn); break;
+    default: go(KernelOf<1, false, 2>::fn); break;
   }
 }
 
-template <int RB, bool PACKED>
+template <int RB, bool PACKED, int MINB>
 struct GateUpKernel {
-  static constexpr auto fn = gateup_mma_kernel<RB, PACKED>;
+  static constexpr auto fn = gateup_mma_kernel<RB, PACKED, MINB>;
 };
-template <int RB, bool PACKED>
+template <int RB, bool PACKED, int MINB>
 struct DownKernel {
-  static constexpr auto fn = down_mma_kernel<RB, PACKED>;
+  static constexpr auto fn = down_mma_kernel<RB, PACKED, MINB>;
 };
 
 }  // namespace
 
-void set_mma_row_blocks(int rb) {
-  DSV4_CHECK(rb == 0 || rb == 1 || rb == 2 || rb == 4, "set_mma_row_blocks: 0 (auto), 1, 2 or 4");
-  g_row_blocks = rb;
-}
-
 void mma_gateup(const DevWeight* tab, bool packed, const MoeTile* tiles, const int32_t* n_tiles, unsigned max_tiles,
                 const int32_t* slot_pair, int K, const uint8_t* xq, const float* xs, int64_t ldxs, int64_t d,
                 int64_t I, float limit, float* H, cudaStream_t s) {
-  launch_rb<GateUpKernel>(row_blocks_for(I, max_tiles), packed, dim3(static_cast<unsigned>(I / 16), max_tiles), s, tab,
+  launch_rb<GateUpKernel>(row_blocks_for(I), packed, dim3(static_cast<unsigned>(I / 16), max_tiles), s, tab,
                           tiles, n_tiles, slot_pair, K, xq, xs, ldxs, d, I, limit, H);
 }
 
 void mma_down(const DevWeight* tab, bool packed, const MoeTile* tiles, const int32_t* n_tiles, unsigned max_tiles,
               const int32_t* slot_pair, const uint8_t* hq, const float* hs, int64_t ldhs, int64_t d, int64_t I,
               float* Y, cudaStream_t s) {
-  launch_rb<DownKernel>(row_blocks_for(d, max_tiles), packed, dim3(static_cast<unsigned>(d / 16), max_tiles), s, tab,
+  launch_rb<DownKernel>(row_blocks_for(d), packed, dim3(static_cast<unsigned>(d / 16), max_tiles), s, tab,
                         tiles, n_tiles, slot_pair, hq, hs, ldhs, d, I, Y);
 }
 
 }  // namespace dsv4::cuda::detail
+
+namespace dsv4::cuda {
+
+void set_moe_mma_variant(int row_blocks, int ctas_per_sm) {
+  DSV4_CHECK(row_blocks == 0 || row_blocks == 1 || row_blocks == 2 || row_blocks == 4,
+             "set_moe_mma_variant: row blocks 0 (default), 1, 2 or 4");
+  DSV4_CHECK(ctas_per_sm == 2 || ctas_per_sm == 3, "set_moe_mma_variant: 2 or 3 CTAs per SM");
+  detail::g_row_blocks = row_blocks;
+  detail::g_occupancy = ctas_per_sm;
+}
+
+}  // namespace dsv4::cuda

@@ -32,9 +32,6 @@ void pack_fp4_for_mma(uint8_t* data, int64_t bytes, cudaStream_t s);
 void mma_gateup(const DevWeight* tab, bool packed, const MoeTile* tiles, const int32_t* n_tiles, unsigned max_tiles,
                 const int32_t* slot_pair, int K, const uint8_t* xq, const float* xs, int64_t ldxs, int64_t d,
                 int64_t I, float limit, float* H, cudaStream_t s);
-// Row blocks of 16 per tensor-core CTA: 0 picks by size (the default), 1 / 2 / 4 force it
-// (benchmarks compare them; a count that does not divide the rows falls back to 1).
-void set_mma_row_blocks(int rb);
 // Y[pair, :] = W2 h[slot] for slots of every tile; hq [slots, I] codes, hs [I/128][ldhs].
 void mma_down(const DevWeight* tab, bool packed, const MoeTile* tiles, const int32_t* n_tiles, unsigned max_tiles,
               const int32_t* slot_pair, const uint8_t* hq, const float* hs, int64_t ldhs, int64_t d, int64_t I,

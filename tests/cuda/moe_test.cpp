@@ -182,13 +182,19 @@ TEST(CudaMoe, PackedExpertsMatchStoredLayout) {
     for (Run& r : runs) r.stored = run(r);
     ASSERT_TRUE(runner.pack_for_tensor_cores(ex.dev, nullptr));
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    for (const Run& r : runs) {
-      const std::vector<float> packed = run(r);
-      ASSERT_EQ(packed.size(), r.stored.size());
-      size_t diff = 0;
-      for (size_t i = 0; i < packed.size(); ++i) diff += packed[i] != r.stored[i];
-      EXPECT_EQ(diff, 0u) << "d=" << d << " I=" << I << " R=" << r.R << ": packed != stored layout";
+    // Every kernel variant (row blocks per CTA, CTAs per SM) sums in the same order: same bits.
+    for (auto [rb, occ] : {std::pair{0, 2}, {1, 2}, {2, 2}, {4, 2}, {0, 3}, {1, 3}, {4, 3}}) {
+      cuda::set_moe_mma_variant(rb, occ);
+      for (const Run& r : runs) {
+        const std::vector<float> packed = run(r);
+        ASSERT_EQ(packed.size(), r.stored.size());
+        size_t diff = 0;
+        for (size_t i = 0; i < packed.size(); ++i) diff += packed[i] != r.stored[i];
+        EXPECT_EQ(diff, 0u) << "d=" << d << " I=" << I << " R=" << r.R << " rb=" << rb << " occ=" << occ
+                            << ": packed != stored layout";
+      }
     }
+    cuda::set_moe_mma_variant(0, 2);
     const Run& r = runs.front();
     cuda::DeviceBuffer dx = cuda::to_device(r.x), de = cuda::to_device(r.ids), dw = cuda::to_device(r.w);
     cuda::DeviceBuffer dout(static_cast<size_t>(r.R * d) * 4);
