@@ -28,6 +28,7 @@ __global__ void __launch_bounds__(RT * KS * 32)
                         int64_t ldxs, int rows, float* __restrict__ y, int64_t row_begin, int64_t n, int64_t ldy,
                         int64_t grp_rows, int64_t grp_x) {
   __shared__ float red[RT][KS][4][32];
+  pdl_trigger();  // a GEMV on the same activations right after this one may start its prefetch
   {  // the CTA's weight rows into L2 while the activations are still being quantised (pdl.cuh)
     const int64_t first = static_cast<int64_t>(blockIdx.x) * RT * 16, count = min(int64_t(RT * 16), n - first);
     prefetch_l2(w.data + (row_begin + first) * w.in, count * w.in);

@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 
 #include "backend/weight_view.h"
@@ -36,6 +37,15 @@ class FastLinear {
   FastLinear& operator=(const FastLinear&) = delete;
   void run(const WeightView& w, const float* x, int64_t rows, float* y, int64_t row_begin, int64_t row_end,
            int64_t ldx, int64_t ldy, cudaStream_t s);
+  // y_i[r, :] = W_i x[r, :] for several weights on the same x (all rows of each W_i): the same
+  // numbers as one run() per weight, but at decode sizes with FP8 weights the activations are
+  // quantised once for all of them (wq_a / wkv, the shared expert's gate / up).
+  struct Output {
+    const WeightView* w;
+    float* y;
+    int64_t ldy;
+  };
+  void run_shared_input(std::initializer_list<Output> outs, const float* x, int64_t rows, int64_t ldx, cudaStream_t s);
   // linear_exact_grouped's contract with this class's numerics (per-group run() on big batches).
   void run_grouped(const WeightView& w, int64_t groups, const float* x, int64_t rows, float* y, int64_t ldx,
                    int64_t ldy, cudaStream_t s);

@@ -247,16 +247,26 @@ struct FastLinear::Impl {
   // FP8 weights at <= 8 rows on tensor cores (gemv_fp8_mma.cu); groups > 1: block-diagonal with
   // x of groups * w.in columns. False (nothing enqueued) when the shape does not fit.
   DeviceBuffer xq8, xs8;
-  bool mma_fp8(const WeightView& w, const float* x, int64_t rows, float* y, int64_t row_begin, int64_t n, int64_t ldx,
-               int64_t ldy, int64_t groups, cudaStream_t s) {
-    const detail::DevWeight dw = detail::dev_weight(w);
-    const int64_t grp_rows = n / groups, cols = groups * w.in;
-    if (rows > detail::kMmaGemvMaxRows || !detail::fp8_mma_gemv_ok(dw, row_begin, n, grp_rows)) return false;
+  bool mma_fp8_fits(const WeightView& w, int64_t rows, int64_t row_begin, int64_t n, int64_t groups) const {
+    return w.format == WeightFormat::FP8Block && rows <= detail::kMmaGemvMaxRows &&
+           detail::fp8_mma_gemv_ok(detail::dev_weight(w), row_begin, n, n / groups);
+  }
+  void quantise_for_mma(const float* x, int64_t rows, int64_t cols, int64_t ldx, cudaStream_t s) {
     grow(xq8, static_cast<size_t>(rows * cols));
     grow(xs8, static_cast<size_t>(rows * (cols / 128)) * sizeof(float));
     act_quant_fp8(x, rows, cols, ldx, rows, xq8.as<uint8_t>(), cols, xs8.as<float>(), s);
-    detail::fp8_mma_gemv(dw, xq8.as<uint8_t>(), cols, xs8.as<float>(), rows, static_cast<int>(rows), y, row_begin, n,
-                         ldy, grp_rows, groups > 1 ? w.in : 0, s);
+  }
+  void mma_on_quantised(const WeightView& w, int64_t rows, float* y, int64_t row_begin, int64_t n, int64_t ldy,
+                        int64_t groups, cudaStream_t s) {
+    const int64_t cols = groups * w.in;
+    detail::fp8_mma_gemv(detail::dev_weight(w), xq8.as<uint8_t>(), cols, xs8.as<float>(), rows, static_cast<int>(rows),
+                         y, row_begin, n, ldy, n / groups, groups > 1 ? w.in : 0, s);
+  }
+  bool mma_fp8(const WeightView& w, const float* x, int64_t rows, float* y, int64_t row_begin, int64_t n, int64_t ldx,
+               int64_t ldy, int64_t groups, cudaStream_t s) {
+    if (!mma_fp8_fits(w, rows, row_begin, n, groups)) return false;
+    quantise_for_mma(x, rows, groups * w.in, ldx, s);
+    mma_on_quantised(w, rows, y, row_begin, n, ldy, groups, s);
     return true;
   }
 
@@ -306,6 +316,23 @@ void FastLinear::run(const WeightView& w, const float* x, int64_t rows, float* y
     impl_->warn_fallback("bf16", n, rows, w.in);
   }
   linear_exact(w, x, rows, y, row_begin, row_end, ldx, ldy, s);
+}
+
+void FastLinear::run_shared_input(std::initializer_list<Output> outs, const float* x, int64_t rows, int64_t ldx,
+                                  cudaStream_t s) {
+  if (rows <= 0 || outs.size() == 0) return;
+  const int64_t k = outs.begin()->w->in;
+  bool shared = mma_gemv_;
+  for (const Output& o : outs) {
+    DSV4_CHECK(o.w->in == k, "FastLinear::run_shared_input: the weights disagree on the input width");
+    shared = shared && impl_->mma_fp8_fits(*o.w, rows, 0, o.w->out, 1);
+  }
+  if (!shared) {
+    for (const Output& o : outs) run(*o.w, x, rows, o.y, 0, o.w->out, ldx, o.ldy, s);
+    return;
+  }
+  impl_->quantise_for_mma(x, rows, k, ldx, s);
+  for (const Output& o : outs) impl_->mma_on_quantised(*o.w, rows, o.y, 0, o.w->out, o.ldy, 1, s);
 }
 
 void FastLinear::run_grouped(const WeightView& w, int64_t groups, const float* x, int64_t rows, float* y, int64_t ldx,

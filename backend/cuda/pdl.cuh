@@ -5,8 +5,11 @@
 // L2 while the activation quantisation before them runs.
 // The rule for a dependent kernel: before pdl_wait() it may read only what the kernel before it
 // does not write — weights, and buffers written by kernels that finished before that kernel
-// began (it is launched normally, so it began after they completed). Only the activation
-// quantisation kernels trigger; every other kernel keeps the plain full dependency.
+// began. The activation quantisation kernels (launched normally, so they begin after everything
+// before them completed) and the FP8 GEMV trigger; a GEMV after a GEMV (several weights on one
+// quantised input) prefetches only weights before its wait, and its wait covers the first
+// GEMV's completion, which covered the quantisation's. Every other kernel keeps the plain full
+// dependency.
 #pragma once
 #include <cuda_runtime.h>
 

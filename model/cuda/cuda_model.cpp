@@ -111,6 +111,12 @@ void CudaModel::linear(const WeightView& w, const float* x, int64_t rows, float*
   }
 }
 
+void CudaModel::linear_shared_input(std::initializer_list<cuda::FastLinear::Output> outs, const float* x, int64_t rows,
+                                    int64_t ldx) {
+  if (precision_ == cuda::Precision::Fast) return fast_->run_shared_input(outs, x, rows, ldx, stream_);
+  for (const auto& o : outs) linear(*o.w, x, rows, o.y, 0, -1, ldx, o.ldy);
+}
+
 std::vector<float> CudaModel::forward(std::span<const DeviceChunk> chunks, bool all_logits,
                                       std::vector<float>* hidden) {
   const float* d_logits = nullptr;
@@ -295,16 +301,14 @@ void CudaModel::run_layer(const DeviceLayer& L, size_t li, const float* rope, co
   mark("hc_pre");
   cuda::rms_norm(u, L.attn_norm, u, R, d, eps, s);
   mark("norms");
-  linear(L.wq_a, u, R, qr);
-  mark("wq_a");
+  linear_shared_input({{&L.wq_a, qr, L.wq_a.out}, {&L.wkv, kv, L.wkv.out}}, u, R, d);  // one quantisation of u for both
+  mark("wq_a+wkv");
   cuda::rms_norm(qr, L.q_norm, qr, R, ql, eps, s);
   mark("norms");
   linear(L.wq_b, qr, R, q);
   mark("wq_b");
   cuda::rms_norm_rope(q, nullptr, R, H, D, eps, rope, P, a.pos, s);
   mark("q norm+rope");
-  linear(L.wkv, u, R, kv);
-  mark("wkv");
   cuda::rms_norm_rope(kv, L.kv_norm, R, 1, D, eps, rope, P, a.pos, s);
   mark("kv norm+rope");
 
@@ -367,8 +371,7 @@ void CudaModel::run_layer(const DeviceLayer& L, size_t li, const float* rope, co
   cuda::moe_route(a.glog, L.gate_bias, L.tid2eid, a.tok, R, E, K, static_cast<float>(cfg.routed_scaling_factor),
                   a.experts, a.eweights, s);
   mark("router");
-  linear(L.shared_w1, u, R, a.gu, 0, -1, d, 2 * I);
-  linear(L.shared_w3, u, R, a.gu + I, 0, -1, d, 2 * I);
+  linear_shared_input({{&L.shared_w1, a.gu, 2 * I}, {&L.shared_w3, a.gu + I, 2 * I}}, u, R, d);
   cuda::swiglu(a.gu, R, I, static_cast<float>(cfg.swiglu_limit), a.hbuf, s);
   linear(L.shared_w2, a.hbuf, R, F);
   mark("shared expert");

@@ -91,6 +91,9 @@ class CudaModel {
   std::vector<int64_t> graph_key(const Rows& rows, const std::vector<LayerDesc>& ld, size_t blob_bytes) const;
   void linear(const WeightView& w, const float* x, int64_t rows, float* y, int64_t row_begin = 0,
               int64_t row_end = -1, int64_t ldx = -1, int64_t ldy = -1);
+  // Several full linears on one input (Fast: one activation quantisation at decode sizes).
+  void linear_shared_input(std::initializer_list<cuda::FastLinear::Output> outs, const float* x, int64_t rows,
+                           int64_t ldx);
 
   DeviceWeights dw_;
   cuda::Precision precision_;

@@ -172,6 +172,28 @@ TEST(CudaLinear, Fp8MmaGemvMatchesSimtGemv) {
       }
 }
 
+// Several weights on one input (wq_a / wkv): one quantisation for all at decode sizes, the same
+// bits as one run() per weight; at sizes past the tensor-core GEMV it is exactly that loop.
+TEST(CudaLinear, SharedInputMatchesSeparateRuns) {
+  DSV4_REQUIRE_GPU();
+  cuda::FastLinear fast;
+  TestWeight a = make_weight(Kind::FP8, 1024, 512), b = make_weight(Kind::FP8, 512, 512);
+  for (int64_t rows : {1, 5, 20}) {
+    const int64_t ldx = 512 + 128;
+    const std::vector<float> x = randn(static_cast<size_t>(rows * ldx));
+    cuda::DeviceBuffer dx = cuda::to_device(x), ya(static_cast<size_t>(rows * 1024) * 4), yb(static_cast<size_t>(rows * 512) * 4);
+    cuda::DeviceBuffer ra(ya.bytes()), rb(yb.bytes());
+    for (auto* buf : {&ya, &yb, &ra, &rb}) buf->fill_bytes(0xFF);
+    fast.run_shared_input({{&a.dev, ya.as<float>(), 1024}, {&b.dev, yb.as<float>(), 512}}, dx.as<float>(), rows, ldx,
+                          nullptr);
+    fast.run(a.dev, dx.as<float>(), rows, ra.as<float>(), 0, 1024, ldx, 1024, nullptr);
+    fast.run(b.dev, dx.as<float>(), rows, rb.as<float>(), 0, 512, ldx, 512, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(cuda::to_host<float>(ya, rows * 1024), cuda::to_host<float>(ra, rows * 1024)) << "rows " << rows;
+    EXPECT_EQ(cuda::to_host<float>(yb, rows * 512), cuda::to_host<float>(rb, rows * 512)) << "rows " << rows;
+  }
+}
+
 // Block-diagonal linears (wo_a): every group against the CPU twin on its slice of x; at decode
 // sizes one launch covers all groups, larger batches loop over run()/linear_exact.
 TEST(CudaLinear, GroupedMatchesPerGroupCpu) {
