@@ -4,7 +4,8 @@
 # lines printed are a short summary. Usage: scripts/gpu-check.sh [tests|bench|spec-bench|quick|all]
 # quick: ctest (no sanitizer, no CLI checks), bench_linear, `dsv4 bench --profile` and step.
 # verify: quick, then compute-sanitizer on the decode kernels' tests, the CLI speculative checks
-# and the MTP bench (one lease: a short session's closing run).
+# and the MTP bench (one lease: a short session's closing run). final: verify without the MTP
+# bench, plus bench_ops (attention, indexer top-k at 16k / 64k / 256k entries).
 # step: ncu kernel durations of one decode step (scripts/ncu_step_summary.py).
 # moe-profile: ncu sections (bandwidth, stalls, occupancy) of the tensor-core MoE kernels at 1 and 64
 # tokens, of the FP8 tensor-core GEMV (wq_b, 1 row) and of the small kernels of a decode step.
@@ -36,7 +37,7 @@ fi
 summary+=("build ok")
 save
 
-if [[ "$MODE" == quick || "$MODE" == verify ]]; then
+if [[ "$MODE" == quick || "$MODE" == verify || "$MODE" == final ]]; then
   ctest --test-dir "$BUILD" --output-on-failure -j4 --timeout 300 >"$LOG/ctest.log" 2>&1
   summary+=("ctest: $(grep -E 'tests passed|tests failed' "$LOG/ctest.log" | tail -1)")
   grep -E "failed|Failed|FAILED" "$LOG/ctest.log" | head -20 >>"$LOG/summary-failures.log"
@@ -51,7 +52,7 @@ if [[ "$MODE" == quick || "$MODE" == verify ]]; then
   save
 fi
 
-if [[ "$MODE" == step || "$MODE" == quick || "$MODE" == verify ]]; then
+if [[ "$MODE" == step || "$MODE" == quick || "$MODE" == verify || "$MODE" == final ]]; then
   # Each kernel's own duration in one eager decode step at batch 1 (what a graph replay pays).
   timeout 200 ncu --nvtx --nvtx-include "dsv4_decode_step/" --metrics gpu__time_duration.sum --csv \
     "$BUILD/tools/dsv4" bench --preset v4-flash --layers 8 --random-weights --batches 1 --prefill 64 --steps 2 \
@@ -59,6 +60,13 @@ if [[ "$MODE" == step || "$MODE" == quick || "$MODE" == verify ]]; then
   python3 scripts/ncu_step_summary.py "$LOG/ncu-step.csv" >"$LOG/ncu-step-summary.log" 2>&1
   summary+=("ncu step: $(head -1 "$LOG/ncu-step-summary.log")")
   cp "$LOG/ncu-step-summary.log" "$OUT/" 2>/dev/null
+  save
+fi
+
+if [[ "$MODE" == final ]]; then
+  timeout 200 "$BUILD/bench/bench_ops" >"$LOG/bench_ops.log" 2>&1
+  summary+=("bench_ops: rc=$?")
+  cp "$LOG/bench_ops.log" "$OUT/" 2>/dev/null
   save
 fi
 
@@ -92,11 +100,13 @@ if [[ "$MODE" == moe-profile ]]; then
   save
 fi
 
-if [[ "$MODE" == verify ]]; then
-  # The kernels a Fast decode step runs (packed MoE, fused-quant GEMV, mHC, norm + RoPE, the fast
-  # tiny models end to end) under memcheck; one filter per binary keeps it to a few minutes.
-  for spec in "cuda_moe_test *Packed*" "cuda_linear_test *Fp8Mma*:*Grouped*" "cuda_ops_norm_test *" \
-              "cuda_ops_mhc_test *" "cuda_model_test CudaFastPath*"; do
+if [[ "$MODE" == verify || "$MODE" == final ]]; then
+  # The kernels a Fast decode step runs (packed MoE, tensor-core GEMV, mHC, norm + RoPE, attention,
+  # routing, the indexer, the fast tiny models end to end) under memcheck; one filter per binary
+  # keeps it to a few minutes.
+  for spec in "cuda_moe_test *Packed*" "cuda_linear_test *Fp8Mma*:*Grouped*:*SharedInput*" "cuda_ops_norm_test *" \
+              "cuda_ops_mhc_test *" "cuda_ops_attention_test *" "cuda_ops_moe_route_test *" \
+              "cuda_ops_indexer_test *" "cuda_model_test CudaFastPath*"; do
     set -f  # the filters are globs for gtest, not for the shell
     set -- $spec
     set +f
@@ -107,8 +117,8 @@ if [[ "$MODE" == verify ]]; then
   save
 fi
 
-if [[ "$MODE" == tests || "$MODE" == all || "$MODE" == verify ]]; then
-  if [[ "$MODE" != verify ]]; then
+if [[ "$MODE" == tests || "$MODE" == all || "$MODE" == verify || "$MODE" == final ]]; then
+  if [[ "$MODE" != verify && "$MODE" != final ]]; then
     ctest --test-dir "$BUILD" --output-on-failure -j4 --timeout 300 >"$LOG/ctest.log" 2>&1
     summary+=("ctest: $(grep -E 'tests passed|tests failed' "$LOG/ctest.log" | tail -1)")
     grep -E "max \|cuda|fast vs exact|pooled" "$LOG/ctest.log" | sort -u >"$LOG/model-numbers.log"
