@@ -57,14 +57,7 @@ __global__ void moe_route_kernel(const float* logits, const float* bias, const i
           bv = biased[j];
           bi = lane + 32 * j;
         }
-      for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(detail::kFull, bv, o);
-        const int oi = __shfl_xor_sync(detail::kFull, bi, o);
-        if (ov > bv || (ov == bv && oi < bi)) {
-          bv = ov;
-          bi = oi;
-        }
-      }
+      detail::warp_argmax(bv, bi);
     }
     pick[k] = bi;  // identical in every lane
     float own = 0.f;

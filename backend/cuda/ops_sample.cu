@@ -47,14 +47,7 @@ __device__ int block_argmax(const float* x, int64_t V, float* best_v) {
       bi = static_cast<int>(i);
     }
   }
-  for (int o = 16; o > 0; o >>= 1) {
-    const float ov = __shfl_xor_sync(detail::kFull, bv, o);
-    const int oi = __shfl_xor_sync(detail::kFull, bi, o);
-    if (ov > bv || (ov == bv && oi < bi)) {
-      bv = ov;
-      bi = oi;
-    }
-  }
+  detail::warp_argmax(bv, bi);
   if ((threadIdx.x & 31) == 0) {
     sv[threadIdx.x >> 5] = bv;
     si[threadIdx.x >> 5] = bi;
