@@ -236,13 +236,13 @@ void bench_moe() {
       DeviceBuffer x(static_cast<size_t>(R * d) * 4), out(static_cast<size_t>(R * d) * 4);
       dsv4::cuda::fill_normal_f32(x.as<float>(), R * d, 1.f, 11 + R, nullptr);
       DSV4_CUDA_CHECK(cudaMemset(out.get(), 0, out.bytes()));
-      // Packed at decode sizes: the default (2 row blocks per CTA, 2 CTAs per SM), then the other
-      // row-block counts and the 3-CTA build (same bits, different latency hiding).
+      // Packed at decode sizes: the default (2 row blocks per CTA, 3 CTAs per SM), then the other
+      // row-block counts and the 2-CTA build (same bits, different latency hiding).
       struct Variant {
         int rb, occ;
         const char* tag;
       };
-      const std::vector<Variant> all = {{0, 2, ""}, {1, 2, " rb1"}, {4, 2, " rb4"}, {0, 3, " occ3"}, {1, 3, " rb1 occ3"}};
+      const std::vector<Variant> all = {{0, 3, ""}, {1, 3, " rb1"}, {4, 3, " rb4"}, {0, 2, " occ2"}, {1, 2, " rb1 occ2"}};
       const std::vector<Variant> variants = packed && R <= 256 ? all : std::vector<Variant>{all[0]};
       for (const Variant& v : variants) {
         const int rb = v.rb;
@@ -261,7 +261,7 @@ void bench_moe() {
           report(buf, us, distinct * expert_bytes + R * d * 8.0, 2.0 * R * K * 3 * d * I);
         }
       }
-      dsv4::cuda::set_moe_mma_variant(0, 2);
+      dsv4::cuda::set_moe_mma_variant(0, 3);
     }
   }
 }

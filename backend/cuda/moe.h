@@ -21,8 +21,8 @@ struct ExpertSet {
 
 // Kernel variant of the tensor-core expert path, for benchmarks and tests: row_blocks 16-row
 // blocks per CTA (0 = the default, 2; 1 / 2 / 4; one that does not divide the rows falls back to
-// 1) and ctas_per_sm 2 (default: two K-blocks of loads in flight per warp) or 3 (one). Every
-// variant computes the same bits.
+// 1) and ctas_per_sm 2 (two K-blocks of loads in flight per warp) or 3 (default: one, more
+// warps). Every variant computes the same bits.
 void set_moe_mma_variant(int row_blocks, int ctas_per_sm);
 
 class MoeRunner {

@@ -274,11 +274,12 @@ bool mma_experts_ok(const DevWeight* host_tab, int n, int64_t d, int64_t I) {
 namespace {
 
 int g_row_blocks = 0;  // 0: the default (row_blocks_for); set by set_moe_mma_variant
-int g_occupancy = 2;   // CTAs per SM the packed kernels are built for (2 or 3)
+int g_occupancy = 3;   // CTAs per SM the packed kernels are built for (2 or 3)
 
-// 2 row blocks per CTA where they divide the rows: in bench_linear (run 2 of 2026-12-03) 2 was
-// the fastest or within 1% at 1 / 8 / 64 / 256 tokens (1 token: 73.7 us vs 76.7 for 1 and 89.2
-// for 4; 8 tokens: 331 vs 374 / 355).
+// 2 row blocks per CTA where they divide the rows, 3 CTAs per SM: in bench_linear (runs 2 and 3
+// of 2026-12-03) 2 row blocks were the fastest or within 1% at 1 / 8 / 64 / 256 tokens (1 token:
+// 73.7 us vs 76.7 for 1 and 89.2 for 4), and the 3-CTA build took 5-7% off that (1 / 8 / 64 /
+// 256 tokens 75.0 / 331 / 1364 / 2000 -> 70.7 / 315 / 1284 / 1856 us).
 int row_blocks_for(int64_t rows) {
   const int64_t blocks = rows / 16;
   const int rb = g_row_blocks > 0 ? g_row_blocks : 2;

@@ -126,9 +126,13 @@ __global__ void __launch_bounds__(kChunkThreads)
     const int64_t i = base + threadIdx.x + j * kChunkThreads;
     k[j] = i < n ? float_key(scores[r * ld + i]) : 0u;
   }
+  const int lane = threadIdx.x & 31;
 #pragma unroll
-  for (int j = 0; j < kPerThread; ++j)
-    if (base + threadIdx.x + j * kChunkThreads < n) atomicAdd(&h[k[j] >> kBinShift], 1u);
+  for (int j = 0; j < kPerThread; ++j) {  // one atomic per bin per warp (the bins are crowded)
+    const uint32_t bin = base + threadIdx.x + j * kChunkThreads < n ? k[j] >> kBinShift : uint32_t(kBins);
+    const unsigned peers = __match_any_sync(kFull, bin);
+    if (bin < kBins && lane == __ffs(peers) - 1) atomicAdd(&h[bin], static_cast<uint32_t>(__popc(peers)));
+  }
   __syncthreads();
   for (int b = threadIdx.x; b < kBins; b += kChunkThreads)
     if (h[b]) atomicAdd(&hist[r * kBins + b], h[b]);

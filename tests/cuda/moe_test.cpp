@@ -194,7 +194,7 @@ TEST(CudaMoe, PackedExpertsMatchStoredLayout) {
                             << ": packed != stored layout";
       }
     }
-    cuda::set_moe_mma_variant(0, 2);
+    cuda::set_moe_mma_variant(0, 3);
     const Run& r = runs.front();
     cuda::DeviceBuffer dx = cuda::to_device(r.x), de = cuda::to_device(r.ids), dw = cuda::to_device(r.w);
     cuda::DeviceBuffer dout(static_cast<size_t>(r.R * d) * 4);
