@@ -4,11 +4,13 @@
 // and the activation codes of act_quant_fp8 as they are stored (the earlier f16 form of this
 // kernel spent 6 converts per mma). A warp owns 16 output rows (inside one 128-row scale block)
 // and a slice of K in 128-blocks; a CTA holds RT such row tiles x KS K slices, picked per shape
-// (fp8_mma_gemv) so that small matrices get enough warps to have all their bytes in flight at
-// once (one tile of 8 K slices per CTA left wq_a / wkv / the shared expert at 0.2-0.6 TB/s) and
-// large ones give each warp several 128-blocks (one each left wq_b at 1.6 TB/s). Each 32-long mma
-// result is added to an fp32 block sum, scaled by the weight's block scale and the activation's
-// 1x128 scale; a tile's K-slice partials are summed in slice order (deterministic).
+// (fp8_mma_gemv): more warps for small matrices, several 128-blocks per warp for large ones.
+// Measured (bench/NOTES.md, step 3): kernel time unchanged against one tile of 8 slices for
+// every shape — small matrices pay a fixed ~8 us per launch (ramp, one dependent round of
+// loads, the reduction) and wq_b streams at ~2.2 TB/s either way; the time that was won at
+// decode came from starting the kernel early (pdl.cuh). Each 32-long mma result is added to an
+// fp32 block sum, scaled by the weight's block scale and the activation's 1x128 scale; a tile's
+// K-slice partials are summed in slice order (deterministic).
 #include <cuda_runtime.h>
 
 #include <algorithm>
