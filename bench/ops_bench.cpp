@@ -7,7 +7,9 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <iterator>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "backend/cuda/check.h"
@@ -164,14 +166,23 @@ void bench_indexer() {
 
 }  // namespace
 
-int main() {
+// Usage: bench_ops [norm|hc|attention|indexer]... (default all).
+int main(int argc, char** argv) {
+  const std::vector<std::string> parts(argv + 1, argv + argc);
+  const char* known[] = {"norm", "hc", "attention", "indexer"};
+  for (const std::string& p : parts)
+    if (std::find(std::begin(known), std::end(known), p) == std::end(known)) {
+      std::fprintf(stderr, "bench_ops: unknown part '%s' (norm | hc | attention | indexer)\n", p.c_str());
+      return 2;
+    }
   if (!available()) {
     std::printf("bench_ops: no CUDA device\n");
     return 0;
   }
-  bench_rms_norm();
-  bench_hc();
-  bench_attention();
-  bench_indexer();
+  auto want = [&](const char* p) { return parts.empty() || std::find(parts.begin(), parts.end(), p) != parts.end(); };
+  if (want("norm")) bench_rms_norm();
+  if (want("hc")) bench_hc();
+  if (want("attention")) bench_attention();
+  if (want("indexer")) bench_indexer();
   return 0;
 }

@@ -7,6 +7,7 @@
 # and the MTP bench (one lease: a short session's closing run). final: verify without the MTP
 # bench, plus bench_ops (attention, indexer top-k at 16k / 64k / 256k entries).
 # step: ncu kernel durations of one decode step (scripts/ncu_step_summary.py).
+# ops: bench_ops attention + indexer with the async scratch pool released / kept.
 # moe-profile: ncu sections (bandwidth, stalls, occupancy) of the tensor-core MoE kernels at 1 and 64
 # tokens, of the FP8 tensor-core GEMV (wq_b, 1 row) and of the small kernels of a decode step.
 set -uo pipefail
@@ -67,6 +68,16 @@ if [[ "$MODE" == final ]]; then
   timeout 200 "$BUILD/bench/bench_ops" >"$LOG/bench_ops.log" 2>&1
   summary+=("bench_ops: rc=$?")
   cp "$LOG/bench_ops.log" "$OUT/" 2>/dev/null
+  save
+fi
+
+if [[ "$MODE" == ops ]]; then
+  # bench_ops attention + indexer with the scratch pool released at every sync (driver default)
+  # and kept (async_scratch.h): the before/after of keep_async_pool.
+  DSV4_KEEP_POOL=0 timeout 200 "$BUILD/bench/bench_ops" attention indexer >"$LOG/bench_ops-pool-released.log" 2>&1
+  summary+=("bench_ops (pool released): rc=$?")
+  timeout 200 "$BUILD/bench/bench_ops" attention indexer >"$LOG/bench_ops.log" 2>&1
+  summary+=("bench_ops: rc=$?")
   save
 fi
 

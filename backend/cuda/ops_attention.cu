@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "backend/cuda/async_scratch.h"
 #include "backend/cuda/check.h"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/ops_common.cuh"
@@ -232,17 +233,15 @@ void sparse_attention(const float* q, const AttnRow* rows, int64_t R, int64_t H,
     DSV4_CUDA_LAUNCH_CHECK();
     return;
   }
-  float* partial = nullptr;
-  float2* ml = nullptr;
   // Stream-ordered scratch: no host sync, capturable into a CUDA graph.
-  DSV4_CUDA_CHECK(cudaMallocAsync(&partial, R * H * nsplit * D * sizeof(float), s));
-  DSV4_CUDA_CHECK(cudaMallocAsync(&ml, R * H * nsplit * sizeof(float2), s));
+  float* partial = async_scratch_of<float>(R * H * nsplit * D, s);
+  float2* ml = async_scratch_of<float2>(R * H * nsplit, s);
   attention_kernel<<<grid, kAThreads, smem, s>>>(q, rows, H, D, W, sink, scale, o, nsplit, partial, ml);
   DSV4_CUDA_LAUNCH_CHECK();
   attention_merge_kernel<<<R * H, 128, 0, s>>>(partial, ml, H, D, nsplit, sink, o);
   DSV4_CUDA_LAUNCH_CHECK();
-  DSV4_CUDA_CHECK(cudaFreeAsync(partial, s));
-  DSV4_CUDA_CHECK(cudaFreeAsync(ml, s));
+  async_release(partial, s);
+  async_release(ml, s);
 }
 
 }  // namespace dsv4::cuda

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "backend/cuda/async_scratch.h"
 #include "backend/cuda/check.h"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/ops_common.cuh"
@@ -90,10 +91,9 @@ void indexer_topk(const float* q, const float* omega, const IndexerRow* rows, in
              detail::kMaxIndexerTopk, "]");
   DSV4_CHECK(max_visible >= 0 && max_visible < (int64_t(1) << 31), "cuda::indexer_topk: bad max_visible");
   if (R == 0) return;
-  float* scores = nullptr;
   const int64_t ld = std::max<int64_t>(max_visible, 1);
   // Stream-ordered scratch: no host sync, and capturable into a CUDA graph.
-  DSV4_CUDA_CHECK(cudaMallocAsync(&scores, R * ld * sizeof(float), s));
+  float* scores = async_scratch_of<float>(R * ld, s);
   if (max_visible > 0 && fast && detail::indexer_mma_ok(nh, hd)) {
     detail::indexer_score_mma(q, omega, rows, R, nh, hd, max_visible, scores, ld, s);
   } else if (max_visible > 0) {
@@ -102,7 +102,7 @@ void indexer_topk(const float* q, const float* omega, const IndexerRow* rows, in
     DSV4_CUDA_LAUNCH_CHECK();
   }
   detail::indexer_select(scores, ld, rows, R, topk, max_visible, out, s);
-  DSV4_CUDA_CHECK(cudaFreeAsync(scores, s));
+  async_release(scores, s);
 }
 
 void indexer_topk(const float* q, const float* omega, const IndexerRow* rows, int64_t R, int64_t nh, int64_t hd,

@@ -15,6 +15,7 @@
 
 #include <algorithm>
 
+#include "backend/cuda/async_scratch.h"
 #include "backend/cuda/check.h"
 #include "backend/cuda/ops_common.cuh"
 #include "backend/cuda/ops_indexer_select.h"
@@ -233,11 +234,9 @@ void indexer_select(const float* scores, int64_t ld, const IndexerRow* rows, int
     DSV4_CUDA_LAUNCH_CHECK();
     return;
   }
-  uint32_t* hist = nullptr;  // [R, kBins] then cnt [R]
-  uint64_t* cand = nullptr;
   const size_t hist_bytes = static_cast<size_t>(R) * (kBins + 1) * sizeof(uint32_t);
-  DSV4_CUDA_CHECK(cudaMallocAsync(&hist, hist_bytes, s));
-  DSV4_CUDA_CHECK(cudaMallocAsync(&cand, static_cast<size_t>(R) * kMaxCand * sizeof(uint64_t), s));
+  uint32_t* hist = async_scratch_of<uint32_t>(static_cast<size_t>(R) * (kBins + 1), s);  // [R, kBins] then cnt [R]
+  uint64_t* cand = async_scratch_of<uint64_t>(static_cast<size_t>(R) * kMaxCand, s);
   DSV4_CUDA_CHECK(cudaMemsetAsync(hist, 0, hist_bytes, s));
   uint32_t* cnt = hist + R * kBins;
   const dim3 grid(static_cast<unsigned>(ceil_div(max_visible, kChunk)), static_cast<unsigned>(R));
@@ -250,8 +249,8 @@ void indexer_select(const float* scores, int64_t ld, const IndexerRow* rows, int
                                        static_cast<int>(smem)));
   select_candidates_kernel<<<static_cast<unsigned>(R), kSelThreads, smem, s>>>(scores, ld, rows, topk, cnt, cand, out);
   DSV4_CUDA_LAUNCH_CHECK();
-  DSV4_CUDA_CHECK(cudaFreeAsync(cand, s));
-  DSV4_CUDA_CHECK(cudaFreeAsync(hist, s));
+  async_release(cand, s);
+  async_release(hist, s);
 }
 
 }  // namespace dsv4::cuda::detail

@@ -8,6 +8,7 @@
 #include <set>
 #include <string>
 
+#include "backend/cuda/async_scratch.h"
 #include "backend/cuda/check.h"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/ops_misc.h"
@@ -66,6 +67,7 @@ int64_t visible_bucket(int64_t n) { return (n + 1023) / 1024 * 1024; }
 CudaModel::CudaModel(const ModelWeights& w, cuda::Precision precision)
     : dw_(upload_weights(w)), precision_(precision), ws_(std::make_unique<Workspace>()) {
   DSV4_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  cuda::keep_async_pool();  // eager steps synchronise; scratch stays mapped between them
   fast_ = std::make_unique<cuda::FastLinear>();
   moe_ = std::make_unique<cuda::MoeRunner>();
   const char* env = std::getenv("DSV4_CUDA_GRAPHS");
