@@ -212,7 +212,7 @@ void bench_moe() {
   // Stored layout (Exact, then Fast), then the tensor-core layout of pack_for_tensor_cores (Fast).
   for (const bool packed : {false, true}) {
     if (packed && !runner.pack_for_tensor_cores(set, nullptr)) break;
-    for (int64_t R : {1, 8, 64, 256, 4096}) {
+    for (int64_t R : {1, 8, 64, 256, 1024, 4096}) {
       // Eight routings to rotate through (different experts each call).
       const int sets = 8;
       std::vector<int32_t> ex(sets * R * K);
@@ -238,17 +238,21 @@ void bench_moe() {
       DSV4_CUDA_CHECK(cudaMemset(out.get(), 0, out.bytes()));
       // Packed at decode sizes: the default (2 row blocks per CTA, 3 CTAs per SM), then the other
       // row-block counts and the 2-CTA build (same bits, different latency hiding).
+      // From 256 tokens: the size rule, then 8- and 64-token tiles forced (moe_mma_wide.cu).
       struct Variant {
-        int rb, occ;
+        int rb, occ, wide;
         const char* tag;
       };
-      const std::vector<Variant> all = {{0, 3, ""}, {1, 3, " rb1"}, {4, 3, " rb4"}, {0, 2, " occ2"}, {1, 2, " rb1 occ2"}};
-      const std::vector<Variant> variants = packed && R <= 256 ? all : std::vector<Variant>{all[0]};
+      const std::vector<Variant> all = {
+          {0, 3, 0, ""}, {1, 3, 0, " rb1"}, {4, 3, 0, " rb4"}, {0, 2, 0, " occ2"}, {1, 2, 0, " rb1 occ2"}};
+      const std::vector<Variant> tiles = {{0, 3, 0, ""}, {0, 3, -1, " 8-token tiles"}, {0, 3, 1, " 64-token tiles"}};
+      const std::vector<Variant> variants = !packed ? std::vector<Variant>{all[0]} : R < 256 ? all : tiles;
       for (const Variant& v : variants) {
         const int rb = v.rb;
         for (Precision p : {Precision::Exact, Precision::Fast}) {
           if ((packed || R > 256) && p == Precision::Exact) continue;  // Exact at 4096 tokens: seconds
           dsv4::cuda::set_moe_mma_variant(rb, v.occ);
+          dsv4::cuda::set_moe_wide_tiles(v.wide);
           const double us = median_us([&](int i) {
             const int s = i % sets;
             runner.run(set, x.as<float>(), R, dex.as<int32_t>() + s * R * K, dwt.as<float>() + s * R * K, K, 10.f,
@@ -262,6 +266,7 @@ void bench_moe() {
         }
       }
       dsv4::cuda::set_moe_mma_variant(0, 3);
+      dsv4::cuda::set_moe_wide_tiles(0);
     }
   }
 }

@@ -5,8 +5,9 @@
 //  2. gate/up: g = W1 x, v = W3 x, h = silu(min(g, L)) * clamp(v, ±L) per slot.
 //  3. down: y = W2 h, written at the pair's row of Y [R*K, d].
 //  4. combine: out[r] += Σ_k w[r,k] Y[r*K + k] in fixed k order (deterministic, no atomics).
-// FP4 experts in Fast precision: tensor-core kernels (moe_mma.cu, 8-token tiles) at every size,
-// on weights optionally re-packed for 16-byte loads (pack_for_tensor_cores). Otherwise few
+// FP4 experts in Fast precision: tensor-core kernels at every size (moe_mma.cu, 8-token tiles;
+// on packed weights at prefill sizes moe_mma_wide.cu, 64-token tiles, same bits), on weights
+// optionally re-packed for 16-byte loads (pack_for_tensor_cores). Otherwise few
 // tokens per expert (decode): GEMV kernels (T = 16), weights streamed once per tile with
 // FP4/FP8 decoded in registers; many tokens: 64x64 SIMT tiles (weights decoded into smem).
 // Weights are read as stored (FP4 packed + E8M0); Fast = the same kernels on FP8-quantised
@@ -76,14 +77,6 @@ __global__ void group_kernel(const int32_t* __restrict__ experts, int pairs, int
   }
 }
 
-__device__ __forceinline__ float swiglu(float g, float v, float limit) {
-  if (limit > 0.f) {
-    g = fminf(g, limit);
-    v = fminf(fmaxf(v, -limit), limit);
-  }
-  return g / (1.f + expf(-g)) * v;
-}
-
 template <int F, int R, bool VEC>
 __device__ __forceinline__ void gateup_rows(const DevWeight& w1, const DevWeight& w3, int64_t i, const Tile& t,
                                             const int32_t* slot_pair, int K, const float* x, int64_t d, int64_t I,
@@ -97,7 +90,7 @@ __device__ __forceinline__ void gateup_rows(const DevWeight& w1, const DevWeight
   const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int r = 0; r < R; ++r)
-    if (r == lane && r < t.count) H[static_cast<int64_t>(t.start + r) * I + i] = swiglu(g[r], v[r], limit);
+    if (r == lane && r < t.count) H[static_cast<int64_t>(t.start + r) * I + i] = swiglu_clamped(g[r], v[r], limit);
 }
 
 constexpr int rows_per_warp(bool vec) { return vec ? 4 : 1; }
@@ -118,7 +111,7 @@ __device__ __forceinline__ void gateup_multi(const DevWeight& w1, const DevWeigh
 #pragma unroll
     for (int r = 0; r < R; ++r)
       if (q * R + r == lane && q < n_o && r < t.count)
-        H[static_cast<int64_t>(t.start + r) * I + i0 + q] = swiglu(g[q][r], v[q][r], limit);
+        H[static_cast<int64_t>(t.start + r) * I + i0 + q] = swiglu_clamped(g[q][r], v[q][r], limit);
 }
 
 template <int F, int R, int NR>
@@ -273,7 +266,7 @@ __global__ void __launch_bounds__(kTileThreads) gateup_tile(const DevWeight* __r
 
 __global__ void swiglu_kernel(float* G, const float* V, int64_t n, float limit) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) G[i] = swiglu(G[i], V[i], limit);
+  if (i < n) G[i] = swiglu_clamped(G[i], V[i], limit);
 }
 
 __global__ void __launch_bounds__(kTileThreads) down_tile(const DevWeight* __restrict__ tab, const Tile* __restrict__ tiles,
@@ -297,6 +290,15 @@ __global__ void combine_kernel(const float* __restrict__ Y, const int32_t* __res
     if (e >= 0 && e < E) acc += weights[r * K + k] * Y[(r * K + k) * d + c];
   }
   out[i] += acc;
+}
+
+int g_wide_mode = 0;  // set_moe_wide_tiles
+
+// 64-token tiles once experts average kMoeWideMinTokens tokens: below that most tiles would
+// hold one 8-token group and run on an eighth of the 8-token kernels' CTAs.
+bool wide_tiles(int64_t pairs, int E) {
+  if (g_wide_mode != 0) return g_wide_mode > 0;
+  return pairs >= static_cast<int64_t>(kMoeWideMinTokens) * E;
 }
 
 unsigned blocks256(int64_t n) { return static_cast<unsigned>((n + 255) / 256); }
@@ -344,6 +346,11 @@ struct MoeRunner::Impl {
     return tables.emplace(key, std::move(t)).first->second;
   }
 };
+
+void set_moe_wide_tiles(int mode) {
+  DSV4_CHECK(mode >= -1 && mode <= 1, "set_moe_wide_tiles: -1 (8-token tiles), 0 (by size) or 1 (64-token tiles)");
+  g_wide_mode = mode;
+}
 
 MoeRunner::MoeRunner() : impl_(std::make_unique<Impl>()) {}
 
@@ -413,8 +420,8 @@ void MoeRunner::run(const ExpertSet& set, const float* x, int64_t R, const int32
   DSV4_CHECK(!tb.packed || p == Precision::Fast,
              "MoeRunner: these experts were re-packed for the Fast tensor-core path; Exact precision needs an "
              "unpacked upload");
-  // FP4 experts in Fast precision: tensor cores at every batch size (8-token tiles; at prefill
-  // sizes an expert's tiles run side by side and re-read it from L2). Otherwise few tokens per
+  // FP4 experts in Fast precision: tensor cores at every batch size (8-token tiles; 64-token
+  // tiles on packed experts at prefill sizes, where 8-token tiles re-read each expert from L2). Otherwise few tokens per
   // expert on average: GEMV tiles; more: 64-token SIMT tiles.
   const bool gemv = pairs <= 8ll * E;
   const auto tiles_for = [&](int64_t np, int t) { return (np + t - 1) / t + std::min<int64_t>(E, np); };
@@ -425,7 +432,8 @@ void MoeRunner::run(const ExpertSet& set, const float* x, int64_t R, const int32
     run(set, x + h * d, R - h, experts + h * K, weights + h * K, K, limit, out + h * d, p, s);
     return;
   }
-  const int T = mma ? kMmaTileTokens : gemv ? kGemvTile : kTileM;
+  const bool wide = mma && tb.packed && wide_tiles(pairs, E);
+  const int T = wide ? kMmaWideTokens : mma ? kMmaTileTokens : gemv ? kGemvTile : kTileM;
   const unsigned max_tiles = static_cast<unsigned>(tiles_for(pairs, T));
   DSV4_CHECK(max_tiles < 65536u, "MoeRunner: tile grid too large (R too big for one call)");
 
@@ -451,10 +459,18 @@ void MoeRunner::run(const ExpertSet& set, const float* x, int64_t R, const int32
     grow(m.hq8, pairs * I);
     grow(m.hsc, kbi * pairs * sizeof(float));
     act_quant_fp8(x, R, d, d, R, m.xq8.as<uint8_t>(), d, m.xsc.as<float>(), s, tb.packed);
-    mma_gateup(tab, tb.packed, tiles, nt, max_tiles, sp, static_cast<int>(K), m.xq8.as<uint8_t>(), m.xsc.as<float>(), R, d, I,
-               limit, H, s);
+    const uint8_t *xq = m.xq8.as<uint8_t>(), *hq = m.hq8.as<uint8_t>();
+    const float *xs = m.xsc.as<float>(), *hs = m.hsc.as<float>();
+    const int k = static_cast<int>(K);
+    if (wide)
+      mma_gateup_wide(tab, tiles, nt, max_tiles, sp, k, xq, xs, R, d, I, limit, H, s);
+    else
+      mma_gateup(tab, tb.packed, tiles, nt, max_tiles, sp, k, xq, xs, R, d, I, limit, H, s);
     act_quant_fp8(H, pairs, I, I, pairs, m.hq8.as<uint8_t>(), I, m.hsc.as<float>(), s, tb.packed);
-    mma_down(tab, tb.packed, tiles, nt, max_tiles, sp, m.hq8.as<uint8_t>(), m.hsc.as<float>(), pairs, d, I, Y, s);
+    if (wide)
+      mma_down_wide(tab, tiles, nt, max_tiles, sp, hq, hs, pairs, d, I, Y, s);
+    else
+      mma_down(tab, tb.packed, tiles, nt, max_tiles, sp, hq, hs, pairs, d, I, Y, s);
     combine_kernel<<<blocks256(R * d), 256, 0, s>>>(Y, experts, weights, R, static_cast<int>(K), E, d, out);
     DSV4_CUDA_LAUNCH_CHECK();
     return;

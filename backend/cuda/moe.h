@@ -24,6 +24,11 @@ struct ExpertSet {
 // 1) and ctas_per_sm 2 (two K-blocks of loads in flight per warp) or 3 (default: one, more
 // warps). Every variant computes the same bits.
 void set_moe_mma_variant(int row_blocks, int ctas_per_sm);
+// Tile width of the tensor-core path on packed experts: 0 = by size (64-token tiles, moe_mma_wide.cu,
+// from an average of kMoeWideMinTokens tokens per expert; 8-token tiles below), 1 = always 64,
+// -1 = always 8. Same bits either way.
+void set_moe_wide_tiles(int mode);
+constexpr int kMoeWideMinTokens = 16;
 
 class MoeRunner {
  public:

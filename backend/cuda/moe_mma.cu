@@ -19,7 +19,7 @@
 namespace dsv4::cuda::detail {
 namespace {
 
-constexpr int kSplitWarps = 8;  // K slices per CTA: 1-token tiles need the parallelism
+constexpr int kSplitWarps = kMmaKSlices;  // K slices per CTA: 1-token tiles need the parallelism
 
 __device__ __forceinline__ uint32_t ld32(const uint8_t* p) { return __ldg(reinterpret_cast<const uint32_t*>(p)); }
 
@@ -131,14 +131,6 @@ __device__ __forceinline__ void sum_partials(float (*red)[RB][NM][4][32], int rb
       for (int w = 1; w < kSplitWarps; ++w) v += red[w][rb][m][i][lane];
       acc[m][i] = v;
     }
-}
-
-__device__ __forceinline__ float swiglu_clamped(float g, float v, float limit) {
-  if (limit > 0.f) {
-    g = fminf(g, limit);
-    v = fminf(fmaxf(v, -limit), limit);
-  }
-  return g / (1.f + expf(-g)) * v;
 }
 
 // Rows [r0, r0 + n) of each weight (FP4 bytes and E8M0 scales) into L2 before pdl_wait: the

@@ -20,6 +20,11 @@ struct MoeTile {
 // activation's 128-block scale (the numbers the SIMT Fast path defines). Needs d, I multiples of
 // 128, 16-byte aligned weights and 4-byte aligned E8M0 scales (mma_experts_ok).
 constexpr int kMmaTileTokens = 8;
+// K slices of the 8-token kernels (one per warp, summed from zero, added in order); the wide
+// kernels walk the same slices so that both give the same bits.
+constexpr int kMmaKSlices = 8;
+// Tiles of the wide (prefill) kernels, moe_mma_wide.cu: up to 8 column groups of 8 tokens.
+constexpr int kMmaWideTokens = 64;
 bool mma_experts_ok(const DevWeight* host_tab, int n, int64_t d, int64_t I);
 // The packed FP4 layout of the tensor-core path: in every 64-byte block (128 values of a row) the
 // 4-byte slice q of group j moves to word j of 16-byte slot q, so that the mma thread that owns
@@ -36,5 +41,22 @@ void mma_gateup(const DevWeight* tab, bool packed, const MoeTile* tiles, const i
 void mma_down(const DevWeight* tab, bool packed, const MoeTile* tiles, const int32_t* n_tiles, unsigned max_tiles,
               const int32_t* slot_pair, const uint8_t* hq, const float* hs, int64_t ldhs, int64_t d, int64_t I,
               float* Y, cudaStream_t s);
+
+// The wide kernels (same contracts; tiles of <= kMmaWideTokens tokens; packed weights only).
+void mma_gateup_wide(const DevWeight* tab, const MoeTile* tiles, const int32_t* n_tiles, unsigned max_tiles,
+                     const int32_t* slot_pair, int K, const uint8_t* xq, const float* xs, int64_t ldxs, int64_t d,
+                     int64_t I, float limit, float* H, cudaStream_t s);
+void mma_down_wide(const DevWeight* tab, const MoeTile* tiles, const int32_t* n_tiles, unsigned max_tiles,
+                   const int32_t* slot_pair, const uint8_t* hq, const float* hs, int64_t ldhs, int64_t d, int64_t I,
+                   float* Y, cudaStream_t s);
+
+// h = silu(min(g, L)) * clamp(v, ±L) (limit <= 0: plain SwiGLU), every expert kernel's epilogue.
+__device__ __forceinline__ float swiglu_clamped(float g, float v, float limit) {
+  if (limit > 0.f) {
+    g = fminf(g, limit);
+    v = fminf(fmaxf(v, -limit), limit);
+  }
+  return g / (1.f + expf(-g)) * v;
+}
 
 }  // namespace dsv4::cuda::detail

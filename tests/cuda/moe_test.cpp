@@ -6,6 +6,7 @@
 #include <array>
 #include <cstdio>
 #include <numeric>
+#include <string>
 
 #include "backend/cpu/linear.h"
 #include "backend/cpu/ops.h"
@@ -155,7 +156,9 @@ TEST(CudaMoe, MatchesCpuExperts) {
 // at a prefill size (many 8-token tiles per expert); Exact on packed experts is refused.
 TEST(CudaMoe, PackedExpertsMatchStoredLayout) {
   DSV4_REQUIRE_GPU();
-  for (auto [E, d, I, K] : {std::array<int64_t, 4>{16, 256, 128, 4}, {8, 512, 384, 2}}) {
+  // The last shape has K = 10 128-blocks (uneven K slices) and 75 tokens per expert at R = 300
+  // (a full and a partial 64-token tile).
+  for (auto [E, d, I, K] : {std::array<int64_t, 4>{16, 256, 128, 4}, {8, 512, 384, 2}, {8, 1280, 1152, 2}}) {
     const Experts ex = make_experts(Kind::FP4, static_cast<int>(E), d, I);
     struct Run {
       int64_t R;
@@ -182,19 +185,27 @@ TEST(CudaMoe, PackedExpertsMatchStoredLayout) {
     for (Run& r : runs) r.stored = run(r);
     ASSERT_TRUE(runner.pack_for_tensor_cores(ex.dev, nullptr));
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    // Every kernel variant (row blocks per CTA, CTAs per SM) sums in the same order: same bits.
-    for (auto [rb, occ] : {std::pair{0, 2}, {1, 2}, {2, 2}, {4, 2}, {0, 3}, {1, 3}, {4, 3}}) {
-      cuda::set_moe_mma_variant(rb, occ);
+    // Every kernel variant (row blocks per CTA, CTAs per SM, 8- or 64-token tiles) sums in the
+    // same order: same bits.
+    auto expect_stored_bits = [&](const char* variant) {
       for (const Run& r : runs) {
         const std::vector<float> packed = run(r);
         ASSERT_EQ(packed.size(), r.stored.size());
         size_t diff = 0;
         for (size_t i = 0; i < packed.size(); ++i) diff += packed[i] != r.stored[i];
-        EXPECT_EQ(diff, 0u) << "d=" << d << " I=" << I << " R=" << r.R << " rb=" << rb << " occ=" << occ
+        EXPECT_EQ(diff, 0u) << "d=" << d << " I=" << I << " R=" << r.R << " " << variant
                             << ": packed != stored layout";
       }
+    };
+    cuda::set_moe_wide_tiles(-1);
+    for (auto [rb, occ] : {std::pair{0, 2}, {1, 2}, {2, 2}, {4, 2}, {0, 3}, {1, 3}, {4, 3}}) {
+      cuda::set_moe_mma_variant(rb, occ);
+      expect_stored_bits(("rb=" + std::to_string(rb) + " occ=" + std::to_string(occ)).c_str());
     }
     cuda::set_moe_mma_variant(0, 3);
+    cuda::set_moe_wide_tiles(1);
+    expect_stored_bits("64-token tiles");
+    cuda::set_moe_wide_tiles(0);
     const Run& r = runs.front();
     cuda::DeviceBuffer dx = cuda::to_device(r.x), de = cuda::to_device(r.ids), dw = cuda::to_device(r.w);
     cuda::DeviceBuffer dout(static_cast<size_t>(r.R * d) * 4);
