@@ -86,20 +86,30 @@ __global__ void __launch_bounds__(kProjThreads)
 // slices serially was a chain of dependent L2 loads, ~15 us of every decode hc_pre. Must be
 // followed by a barrier before mu is read or the stash (the output row) is overwritten.
 __device__ void gather_mu(const float* stash, int n_out, int ksplit, float* mu) {
+  constexpr int kPerWarp = 4;  // outputs per warp whose loads are in flight together (25 / 8 warps)
   const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
-  for (int o = threadIdx.x >> 5; o <= n_out; o += warps) {
-    // The slices are loaded before any is summed (ksplit <= 4 x 32 in practice; the loop
-    // covers more), so one warp's loads are in flight together.
-    float part[4];
+  for (int o0 = threadIdx.x >> 5; o0 <= n_out; o0 += warps * kPerWarp) {
+    // Every slice of kPerWarp outputs is loaded before any is summed (ksplit <= 4 x 32 in
+    // practice; the loop below covers more): one L2 round trip instead of one per output.
+    float part[kPerWarp][4];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int ks = lane + 32 * j;
-      part[j] = ks < ksplit ? stash[ks * (n_out + 1) + o] : 0.f;
+    for (int i = 0; i < kPerWarp; ++i) {
+      const int o = o0 + i * warps;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int ks = lane + 32 * j;
+        part[i][j] = o <= n_out && ks < ksplit ? stash[ks * (n_out + 1) + o] : 0.f;
+      }
     }
-    float v = ((part[0] + part[1]) + part[2]) + part[3];
-    for (int ks = lane + 128; ks < ksplit; ks += 32) v += stash[ks * (n_out + 1) + o];
-    v = warp_sum(v);
-    if (lane == 0) mu[o] = v;
+#pragma unroll
+    for (int i = 0; i < kPerWarp; ++i) {
+      const int o = o0 + i * warps;
+      float v = ((part[i][0] + part[i][1]) + part[i][2]) + part[i][3];
+      if (o <= n_out)
+        for (int ks = lane + 128; ks < ksplit; ks += 32) v += stash[ks * (n_out + 1) + o];
+      v = warp_sum(v);
+      if (lane == 0 && o <= n_out) mu[o] = v;
+    }
   }
 }
 
