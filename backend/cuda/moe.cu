@@ -280,7 +280,7 @@ __global__ void __launch_bounds__(kTileThreads) down_tile(const DevWeight* __res
 
 __global__ void combine_kernel(const float* __restrict__ Y, const int32_t* __restrict__ experts,
                                const float* __restrict__ weights, int64_t R, int K, int E, int64_t d,
-                               float* __restrict__ out) {
+                               bool accumulate, float* __restrict__ out) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= R * d) return;
   const int64_t r = i / d, c = i % d;
@@ -289,7 +289,7 @@ __global__ void combine_kernel(const float* __restrict__ Y, const int32_t* __res
     const int e = experts[r * K + k];
     if (e >= 0 && e < E) acc += weights[r * K + k] * Y[(r * K + k) * d + c];
   }
-  out[i] += acc;
+  out[i] = accumulate ? out[i] + acc : acc;
 }
 
 int g_wide_mode = 0;  // set_moe_wide_tiles
@@ -410,8 +410,12 @@ void dispatch_gemv(int fmt, int maxr, const DevWeight* tab, const Tile* tiles, c
 }  // namespace
 
 void MoeRunner::run(const ExpertSet& set, const float* x, int64_t R, const int32_t* experts, const float* weights,
-                    int64_t K, float limit, float* out, Precision p, cudaStream_t s) {
-  if (R <= 0 || K <= 0) return;
+                    int64_t K, float limit, float* out, Precision p, cudaStream_t s, bool accumulate) {
+  if (R <= 0) return;
+  if (K <= 0) {  // no experts per token: the sum is zero
+    if (!accumulate) DSV4_CUDA_CHECK(cudaMemsetAsync(out, 0, static_cast<size_t>(R * set.d) * sizeof(float), s));
+    return;
+  }
   Impl& m = *impl_;
   const Impl::Table& tb = m.table(set);
   const int E = static_cast<int>(set.w1.size());
@@ -428,8 +432,8 @@ void MoeRunner::run(const ExpertSet& set, const float* x, int64_t R, const int32
   const bool mma = p == Precision::Fast && tb.mma;
   if (mma && tiles_for(pairs, kMmaTileTokens) >= 65536 && R > 1) {  // the grid's y extent: split the rows
     const int64_t h = R / 2;
-    run(set, x, h, experts, weights, K, limit, out, p, s);
-    run(set, x + h * d, R - h, experts + h * K, weights + h * K, K, limit, out + h * d, p, s);
+    run(set, x, h, experts, weights, K, limit, out, p, s, accumulate);
+    run(set, x + h * d, R - h, experts + h * K, weights + h * K, K, limit, out + h * d, p, s, accumulate);
     return;
   }
   const bool wide = mma && tb.packed && wide_tiles(pairs, E);
@@ -471,7 +475,7 @@ void MoeRunner::run(const ExpertSet& set, const float* x, int64_t R, const int32
       mma_down_wide(tab, tiles, nt, max_tiles, sp, hq, hs, pairs, d, I, Y, s);
     else
       mma_down(tab, tb.packed, tiles, nt, max_tiles, sp, hq, hs, pairs, d, I, Y, s);
-    combine_kernel<<<blocks256(R * d), 256, 0, s>>>(Y, experts, weights, R, static_cast<int>(K), E, d, out);
+    combine_kernel<<<blocks256(R * d), 256, 0, s>>>(Y, experts, weights, R, static_cast<int>(K), E, d, accumulate, out);
     DSV4_CUDA_LAUNCH_CHECK();
     return;
   }
@@ -512,7 +516,7 @@ void MoeRunner::run(const ExpertSet& set, const float* x, int64_t R, const int32
     down_tile<<<g2, kTileThreads, 0, s>>>(tab, tiles, nt, sp, G, d, I, Y);
     DSV4_CUDA_LAUNCH_CHECK();
   }
-  combine_kernel<<<blocks256(R * d), 256, 0, s>>>(Y, experts, weights, R, static_cast<int>(K), E, d, out);
+  combine_kernel<<<blocks256(R * d), 256, 0, s>>>(Y, experts, weights, R, static_cast<int>(K), E, d, accumulate, out);
   DSV4_CUDA_LAUNCH_CHECK();
 }
 

@@ -28,16 +28,17 @@ void set_moe_mma_variant(int row_blocks, int ctas_per_sm);
 // from an average of kMoeWideMinTokens tokens per expert; 8-token tiles below), 1 = always 64,
 // -1 = always 8. Same bits either way.
 void set_moe_wide_tiles(int mode);
-constexpr int kMoeWideMinTokens = 16;
+constexpr int kMoeWideMinTokens = 64;
 
 class MoeRunner {
  public:
   MoeRunner();
   ~MoeRunner();
-  // out [R, d] += Σ_k weights[r,k] · expert_{experts[r,k]}(x[r]) with clamped SwiGLU (limit <= 0: none).
+  // out [R, d] += Σ_k weights[r,k] · expert_{experts[r,k]}(x[r]) with clamped SwiGLU (limit <= 0: none);
+  // accumulate = false: out = the sum (out need not be initialised).
   // experts/weights [R, K] are device arrays (from moe_route).
   void run(const ExpertSet& set, const float* x, int64_t R, const int32_t* experts, const float* weights, int64_t K,
-           float limit, float* out, Precision p, cudaStream_t s);
+           float limit, float* out, Precision p, cudaStream_t s, bool accumulate = true);
   // Re-lays FP4 experts in place for the tensor-core path (16-byte loads per mma thread; see
   // moe_tiles.cuh). After it the set runs only in Fast precision (run() with Exact is an
   // error) and every batch size takes the tensor-core kernels. False (nothing changed) when the

@@ -37,11 +37,16 @@ struct HcParams {
 };
 
 // pre/post [R, n], comb [R, n, n] (Sinkhorn, `iters` rounds), u [R, d] = Σ pre_i X_i.
+// With gates_s (and `projected`, an event): pre / post / comb are written on gates_s, which waits
+// for the shared projection (recorded on `projected`), while s mixes u: the caller joins gates_s
+// before hc_post, and the Sinkhorn chain is off s's critical path. Same bits either way.
 void hc_pre(const HcParams& p, const float* X, int64_t R, int64_t n, int64_t d, int64_t iters, float hc_eps,
-            float rms_eps, float* pre, float* post, float* comb, float* u, cudaStream_t s);
-// X'[k] = post_k F + Σ_j comb[j][k] X[j], in place.
+            float rms_eps, float* pre, float* post, float* comb, float* u, cudaStream_t s,
+            cudaStream_t gates_s = nullptr, cudaEvent_t projected = nullptr);
+// X'[k] = post_k F + Σ_j comb[j][k] X[j], in place; F2 (optional) is added to F first (the
+// routed experts' sum beside the shared expert's output: F + F2 is the sub-layer output).
 void hc_post(const float* post, const float* comb, const float* F, float* X, int64_t R, int64_t n, int64_t d,
-             cudaStream_t s);
+             cudaStream_t s, const float* F2 = nullptr);
 // h [R, d] = Σ_i (σ(scale·μ_i + base_i) + hc_eps) X_i.
 void hc_head(const HcParams& p, const float* X, int64_t R, int64_t n, int64_t d, float hc_eps, float rms_eps, float* h,
              cudaStream_t s);

@@ -227,11 +227,16 @@ __global__ void hc_head_finish_kernel(const float* X, const float* stash, int64_
 }
 
 template <int MAXN>
-__global__ void hc_post_kernel(const float* post, const float* comb, const float* F, float* X, int n, int64_t d4) {
+__global__ void hc_post_kernel(const float* post, const float* comb, const float* F, const float* F2, float* X, int n,
+                               int64_t d4) {
   const int64_t r = blockIdx.y, c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (c >= d4) return;
   float4* X4 = reinterpret_cast<float4*>(X) + r * n * d4;
-  const float4 f = reinterpret_cast<const float4*>(F)[r * d4 + c];
+  float4 f = reinterpret_cast<const float4*>(F)[r * d4 + c];
+  if (F2) {  // the same sum the routed experts' combine made when it added into F
+    const float4 g = reinterpret_cast<const float4*>(F2)[r * d4 + c];
+    f = make_float4(f.x + g.x, f.y + g.y, f.z + g.z, f.w + g.w);
+  }
   float4 old[MAXN];
 #pragma unroll
   for (int j = 0; j < MAXN; ++j)
@@ -301,28 +306,39 @@ int mix_slices(int64_t R, int64_t d) {
 }  // namespace
 
 void hc_pre(const HcParams& p, const float* X, int64_t R, int64_t n, int64_t d, int64_t iters, float hc_eps,
-            float rms_eps, float* pre, float* post, float* comb, float* u, cudaStream_t s) {
+            float rms_eps, float* pre, float* post, float* comb, float* u, cudaStream_t s, cudaStream_t gates_s,
+            cudaEvent_t projected) {
   DSV4_CHECK(n >= 1 && n <= kMaxN, "cuda::hc_pre: n must be in [1, 4]");
+  DSV4_CHECK(!gates_s || projected, "cuda::hc_pre: a gates stream needs its event");
   if (R == 0) return;
   const int n_out = static_cast<int>((2 + n) * n);
   float* st = stash(R, d);
   const int ks = project(p.fn, X, R, n, d, n_out, st, s);
   const int slices = mix_slices(R, d);
-  hc_pre_finish_kernel<<<dim3(static_cast<unsigned>(R), slices + 1), 256, 0, s>>>(
-      X, st, d, p, static_cast<int>(n), d, ks, static_cast<int>(iters), hc_eps, rms_eps, slices, pre, post, comb, u);
-  DSV4_CUDA_LAUNCH_CHECK();
+  const unsigned rows = static_cast<unsigned>(R);
+  auto finish = [&](dim3 grid, int n_slices, cudaStream_t on) {
+    hc_pre_finish_kernel<<<grid, 256, 0, on>>>(X, st, d, p, static_cast<int>(n), d, ks, static_cast<int>(iters), hc_eps,
+                                               rms_eps, n_slices, pre, post, comb, u);
+    DSV4_CUDA_LAUNCH_CHECK();
+  };
+  if (!gates_s) return finish(dim3(rows, slices + 1), slices, s);
+  // Blocks y < slices mix; with no mixing slices every block is the gates block.
+  DSV4_CUDA_CHECK(cudaEventRecord(projected, s));
+  DSV4_CUDA_CHECK(cudaStreamWaitEvent(gates_s, projected, 0));
+  finish(dim3(rows, 1), 0, gates_s);
+  finish(dim3(rows, slices), slices, s);
 }
 
 void hc_post(const float* post, const float* comb, const float* F, float* X, int64_t R, int64_t n, int64_t d,
-             cudaStream_t s) {
+             cudaStream_t s, const float* F2) {
   DSV4_CHECK(d % 4 == 0 && n >= 1 && n <= 8, "cuda::hc_post: needs d % 4 == 0 and n <= 8");
   if (R == 0) return;
   const int64_t d4 = d / 4;
   const dim3 grid(static_cast<unsigned>(ceil_div(d4, 256)), static_cast<unsigned>(R));
   if (n <= 4)
-    hc_post_kernel<4><<<grid, 256, 0, s>>>(post, comb, F, X, static_cast<int>(n), d4);
+    hc_post_kernel<4><<<grid, 256, 0, s>>>(post, comb, F, F2, X, static_cast<int>(n), d4);
   else
-    hc_post_kernel<8><<<grid, 256, 0, s>>>(post, comb, F, X, static_cast<int>(n), d4);
+    hc_post_kernel<8><<<grid, 256, 0, s>>>(post, comb, F, F2, X, static_cast<int>(n), d4);
   DSV4_CUDA_LAUNCH_CHECK();
 }
 

@@ -69,9 +69,13 @@ CudaModel::CudaModel(const ModelWeights& w, cuda::Precision precision)
   DSV4_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   cuda::keep_async_pool();  // eager steps synchronise; scratch stays mapped between them
   fast_ = std::make_unique<cuda::FastLinear>();
+  for (auto& f : side_fast_) f = std::make_unique<cuda::FastLinear>();
+  branches_ = std::make_unique<Branches>(stream_);
   moe_ = std::make_unique<cuda::MoeRunner>();
   const char* env = std::getenv("DSV4_CUDA_GRAPHS");
   graphs_on_ = !(env && std::string(env) == "0");
+  const char* br = std::getenv("DSV4_BRANCHES");
+  branches_on_ = !(br && std::string(br) == "0");
   // Fast precision reads FP4 experts only through the tensor-core kernels: re-lay them once for
   // 16-byte loads (this model owns the upload; DSV4_MOE_PACK=0 keeps the stored layout).
   const char* pack = std::getenv("DSV4_MOE_PACK");
@@ -86,7 +90,16 @@ CudaModel::CudaModel(const ModelWeights& w, cuda::Precision precision)
 
 CudaModel::~CudaModel() {
   graphs_.clear();
+  branches_.reset();  // waits for its side streams
   if (stream_) cudaStreamDestroy(stream_);
+}
+
+void CudaModel::set_branches(bool on) {
+  if (on != branches_on_) {
+    DSV4_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    graphs_.clear();  // captured with the other launch structure
+  }
+  branches_on_ = on;
 }
 
 void CudaModel::set_graphs(bool on) {
@@ -113,10 +126,24 @@ void CudaModel::linear(const WeightView& w, const float* x, int64_t rows, float*
   }
 }
 
+cuda::FastLinear& CudaModel::fast_for(cudaStream_t s) {
+  for (int k = 0; k < Branches::kSides; ++k)
+    if (s && s == branches_->side(k)) return *side_fast_[k];
+  return *fast_;
+}
+
+void CudaModel::linear_on(cudaStream_t s, const WeightView& w, const float* x, int64_t rows, float* y) {
+  if (precision_ == cuda::Precision::Exact)
+    cuda::linear_exact(w, x, rows, y, 0, w.out, w.in, w.out, s);
+  else
+    fast_for(s).run(w, x, rows, y, 0, w.out, w.in, w.out, s);
+}
+
 void CudaModel::linear_shared_input(std::initializer_list<cuda::FastLinear::Output> outs, const float* x, int64_t rows,
-                                    int64_t ldx) {
-  if (precision_ == cuda::Precision::Fast) return fast_->run_shared_input(outs, x, rows, ldx, stream_);
-  for (const auto& o : outs) linear(*o.w, x, rows, o.y, 0, -1, ldx, o.ldy);
+                                    int64_t ldx, cudaStream_t s) {
+  if (!s) s = stream_;
+  if (precision_ == cuda::Precision::Fast) return fast_for(s).run_shared_input(outs, x, rows, ldx, s);
+  for (const auto& o : outs) cuda::linear_exact(*o.w, x, rows, o.y, 0, o.w->out, ldx, o.ldy, s);
 }
 
 std::vector<float> CudaModel::forward(std::span<const DeviceChunk> chunks, bool all_logits,
@@ -149,7 +176,7 @@ struct CudaModel::LayerDesc {
 
 // Scratch activations of one call (workspace buffers sized for its rows).
 struct CudaModel::Acts {
-  float *X, *u, *F, *pre, *post, *comb, *qr, *q, *kv, *ca, *cz, *ia, *iz, *qI, *omega, *o, *y, *glog, *eweights, *gu,
+  float *X, *u, *F, *F2, *pre, *post, *comb, *qr, *q, *kv, *ca, *cz, *ia, *iz, *qI, *omega, *o, *y, *glog, *eweights, *gu,
       *hbuf;
   int32_t *sel, *experts;
   const uint8_t* blob = nullptr;
@@ -169,6 +196,7 @@ CudaModel::Acts CudaModel::scratch(int64_t R) {
   a.X = ws.get<float>("X", R * n * d);
   a.u = ws.get<float>("u", R * d);
   a.F = ws.get<float>("F", R * d);
+  a.F2 = ws.get<float>("F2", R * d);
   a.pre = ws.get<float>("pre", R * n);
   a.post = ws.get<float>("post", R * n);
   a.comb = ws.get<float>("comb", R * n * n);
@@ -298,55 +326,72 @@ void CudaModel::run_layer(const DeviceLayer& L, size_t li, const float* rope, co
   auto at = [&](size_t off) { return a.blob + off; };
   float *X = a.X, *u = a.u, *F = a.F, *qr = a.qr, *q = a.q, *kv = a.kv, *o = a.o;
 
+  // Side streams (branches.h): the compressor and the indexer beside the query path, the shared
+  // expert beside the routed experts, the mHC gates (Sinkhorn) beside everything up to hc_post.
+  // Profiling keeps one stream, so that each mark times the ops before it.
+  Branches& br = *branches_;
+  br.set_enabled(branches_on_ && !prof_);
+  enum : int { kCompressorSide = 0, kIndexerSide = 1, kSharedSide = 0, kGatesSide = 2 };
+  cudaStream_t gates = br.side(kGatesSide);
+  cudaEvent_t gates_ev = br.fork_event(kGatesSide);
+
   // ---- attention sub-layer
-  cuda::hc_pre(L.hc_attn, X, R, n, d, cfg.hc_sinkhorn_iters, hc_eps, eps, a.pre, a.post, a.comb, u, s);
+  cuda::hc_pre(L.hc_attn, X, R, n, d, cfg.hc_sinkhorn_iters, hc_eps, eps, a.pre, a.post, a.comb, u, s, gates, gates_ev);
   mark("hc_pre");
   cuda::rms_norm(u, L.attn_norm, u, R, d, eps, s);
   mark("norms");
+
+  // Compressor, indexer weights, router and head have BF16 weights: fp32 math in exact precision (the
+  // official demo), bf16 tensor cores with fp32 accumulation in fast (as HF and vLLM run them).
+  if (L.kind != AttnKind::SWA) {  // reads u; writes the compressed entries attention reads
+    cudaStream_t cs = br.fork(kCompressorSide);
+    const int64_t width = (L.kind == AttnKind::CSA ? 2 : 1) * D;
+    linear_on(cs, L.compressor.wkv, u, R, a.ca);
+    linear_on(cs, L.compressor.wgate, u, R, a.cz);
+    mark("compressor linears");
+    cuda::add_ape(a.cz, a.pos, L.compressor.ape, R, m, width, cs);
+    cuda::compressor_pool(reinterpret_cast<const cuda::PoolJob*>(at(ld.cmp_jobs)), ld.n_cmp, m, D,
+                          L.kind == AttnKind::CSA, L.compressor.norm, eps, rope, P, cs);
+    cuda::ring_store_jobs(reinterpret_cast<const cuda::RingJob*>(at(ld.cmp_ring)), ld.n_cmp_ring, ld.cmp_ring_rows, cs);
+    mark("compressor pool+ring");
+  }
+  cudaStream_t is = s;
+  if (L.kind == AttnKind::CSA) {  // lightning indexer, first the parts that need only u
+    is = br.fork(kIndexerSide);
+    const int64_t width = 2 * dI;
+    linear_on(is, L.idx_compressor.wkv, u, R, a.ia);
+    linear_on(is, L.idx_compressor.wgate, u, R, a.iz);
+    mark("indexer compressor linears");
+    cuda::add_ape(a.iz, a.pos, L.idx_compressor.ape, R, m, width, is);
+    cuda::compressor_pool(reinterpret_cast<const cuda::PoolJob*>(at(ld.idx_jobs)), ld.n_idx, m, dI, true,
+                          L.idx_compressor.norm, eps, rope, P, is);
+    cuda::ring_store_jobs(reinterpret_cast<const cuda::RingJob*>(at(ld.idx_ring)), ld.n_idx_ring, ld.idx_ring_rows, is);
+    mark("compressor pool+ring");
+    linear_on(is, L.idx_weights_proj, u, R, a.omega);
+    cuda::scale_inplace(a.omega, R * nI, 1.0f / std::sqrt(static_cast<float>(dI)) / std::sqrt(static_cast<float>(nI)), is);
+    mark("indexer weights_proj");
+  }
   linear_shared_input({{&L.wq_a, qr, L.wq_a.out}, {&L.wkv, kv, L.wkv.out}}, u, R, d);  // one quantisation of u for both
   mark("wq_a+wkv");
   cuda::rms_norm(qr, L.q_norm, qr, R, ql, eps, s);
   mark("norms");
+  if (L.kind == AttnKind::CSA) {  // the indexer's query needs qr
+    is = br.fork(kIndexerSide);
+    linear_on(is, L.idx_wq_b, qr, R, a.qI);
+    cuda::rope(a.qI, R, nI, dI, rope, P, a.pos, false, is);
+    mark("indexer wq_b+rope");
+    cuda::indexer_topk(a.qI, a.omega, reinterpret_cast<const cuda::IndexerRow*>(at(ld.idx_rows)), R, nI, dI, topk,
+                       std::max<int64_t>(ld.max_visible, 1), a.sel, is, precision_ == cuda::Precision::Fast);
+    mark("indexer_topk");
+  }
   linear(L.wq_b, qr, R, q);
   mark("wq_b");
   cuda::rms_norm_rope(q, nullptr, R, H, D, eps, rope, P, a.pos, s);
   mark("q norm+rope");
   cuda::rms_norm_rope(kv, L.kv_norm, R, 1, D, eps, rope, P, a.pos, s);
   mark("kv norm+rope");
-
-  // Compressor, indexer weights, router and head have BF16 weights: fp32 math in exact precision (the
-  // official demo), bf16 tensor cores with fp32 accumulation in fast (as HF and vLLM run them).
-  if (L.kind != AttnKind::SWA) {
-    const int64_t width = (L.kind == AttnKind::CSA ? 2 : 1) * D;
-    linear(L.compressor.wkv, u, R, a.ca);
-    linear(L.compressor.wgate, u, R, a.cz);
-    mark("compressor linears");
-    cuda::add_ape(a.cz, a.pos, L.compressor.ape, R, m, width, s);
-    cuda::compressor_pool(reinterpret_cast<const cuda::PoolJob*>(at(ld.cmp_jobs)), ld.n_cmp, m, D,
-                          L.kind == AttnKind::CSA, L.compressor.norm, eps, rope, P, s);
-    cuda::ring_store_jobs(reinterpret_cast<const cuda::RingJob*>(at(ld.cmp_ring)), ld.n_cmp_ring, ld.cmp_ring_rows, s);
-    mark("compressor pool+ring");
-  }
-  if (L.kind == AttnKind::CSA) {  // lightning indexer
-    const int64_t width = 2 * dI;
-    linear(L.idx_compressor.wkv, u, R, a.ia);
-    linear(L.idx_compressor.wgate, u, R, a.iz);
-    mark("indexer compressor linears");
-    cuda::add_ape(a.iz, a.pos, L.idx_compressor.ape, R, m, width, s);
-    cuda::compressor_pool(reinterpret_cast<const cuda::PoolJob*>(at(ld.idx_jobs)), ld.n_idx, m, dI, true,
-                          L.idx_compressor.norm, eps, rope, P, s);
-    cuda::ring_store_jobs(reinterpret_cast<const cuda::RingJob*>(at(ld.idx_ring)), ld.n_idx_ring, ld.idx_ring_rows, s);
-    mark("compressor pool+ring");
-    linear(L.idx_wq_b, qr, R, a.qI);
-    cuda::rope(a.qI, R, nI, dI, rope, P, a.pos, false, s);
-    mark("indexer wq_b+rope");
-    linear(L.idx_weights_proj, u, R, a.omega);
-    cuda::scale_inplace(a.omega, R * nI, 1.0f / std::sqrt(static_cast<float>(dI)) / std::sqrt(static_cast<float>(nI)), s);
-    mark("indexer weights_proj");
-    cuda::indexer_topk(a.qI, a.omega, reinterpret_cast<const cuda::IndexerRow*>(at(ld.idx_rows)), R, nI, dI, topk,
-                       std::max<int64_t>(ld.max_visible, 1), a.sel, s, precision_ == cuda::Precision::Fast);
-    mark("indexer_topk");
-  }
+  if (L.kind != AttnKind::SWA) br.join(kCompressorSide);
+  if (L.kind == AttnKind::CSA) br.join(kIndexerSide);
   cuda::sparse_attention(q, reinterpret_cast<const cuda::AttnRow*>(at(ld.attn)), R, H, D, W, L.sink, o, s);
   mark("sparse_attention");
   cuda::rope(o, R, H, D, rope, P, a.pos, true, s);
@@ -361,25 +406,30 @@ void CudaModel::run_layer(const DeviceLayer& L, size_t li, const float* rope, co
   mark("wo_a");
   linear(L.wo_b, a.y, R, F);
   mark("wo_b");
+  br.join(kGatesSide);
   cuda::hc_post(a.post, a.comb, F, X, R, n, d, s);
   mark("hc_post");
 
-  // ---- MoE sub-layer
-  cuda::hc_pre(L.hc_ffn, X, R, n, d, cfg.hc_sinkhorn_iters, hc_eps, eps, a.pre, a.post, a.comb, u, s);
+  // ---- MoE sub-layer: the shared expert writes F, the routed experts their sum into F2
+  cuda::hc_pre(L.hc_ffn, X, R, n, d, cfg.hc_sinkhorn_iters, hc_eps, eps, a.pre, a.post, a.comb, u, s, gates, gates_ev);
   mark("hc_pre");
   cuda::rms_norm(u, L.ffn_norm, u, R, d, eps, s);
   mark("norms");
+  cudaStream_t xs = br.fork(kSharedSide);
+  linear_shared_input({{&L.shared_w1, a.gu, 2 * I}, {&L.shared_w3, a.gu + I, 2 * I}}, u, R, d, xs);
+  cuda::swiglu(a.gu, R, I, static_cast<float>(cfg.swiglu_limit), a.hbuf, xs);
+  linear_on(xs, L.shared_w2, a.hbuf, R, F);
+  mark("shared expert");
   linear(L.gate, u, R, a.glog);  // router: fp32 logits
   cuda::moe_route(a.glog, L.gate_bias, L.tid2eid, a.tok, R, E, K, static_cast<float>(cfg.routed_scaling_factor),
                   a.experts, a.eweights, s);
   mark("router");
-  linear_shared_input({{&L.shared_w1, a.gu, 2 * I}, {&L.shared_w3, a.gu + I, 2 * I}}, u, R, d);
-  cuda::swiglu(a.gu, R, I, static_cast<float>(cfg.swiglu_limit), a.hbuf, s);
-  linear(L.shared_w2, a.hbuf, R, F);
-  mark("shared expert");
-  moe_->run(L.experts, u, R, a.experts, a.eweights, K, static_cast<float>(cfg.swiglu_limit), F, precision_, s);
+  moe_->run(L.experts, u, R, a.experts, a.eweights, K, static_cast<float>(cfg.swiglu_limit), a.F2, precision_, s,
+            /*accumulate=*/false);
   mark("routed experts");
-  cuda::hc_post(a.post, a.comb, F, X, R, n, d, s);
+  br.join(kSharedSide);
+  br.join(kGatesSide);
+  cuda::hc_post(a.post, a.comb, F, X, R, n, d, s, a.F2);  // F + F2: the sum the combine used to add into F
   mark("hc_post");
 }
 

@@ -11,6 +11,7 @@
 
 #include "backend/cuda/linear.h"
 #include "backend/cuda/moe.h"
+#include "model/cuda/branches.h"
 #include "model/cuda/device_state.h"
 #include "model/cuda/device_weights.h"
 #include "model/cuda/graph_cache.h"
@@ -70,8 +71,12 @@ class CudaModel {
   void set_graphs(bool on);
   bool graphs() const { return graphs_on_; }
   const GraphCache::Stats& graph_stats() const { return graphs_.stats(); }
-  // Per-op timing of the following calls (forces eager launches); nullptr stops it.
+  // Per-op timing of the following calls (forces eager launches, on one stream); nullptr stops it.
   void set_profile(OpProfile* p) { prof_ = p; }
+  // Independent chains of a layer on side streams (model/cuda/branches.h): on by default, off with
+  // set_branches(false) or DSV4_BRANCHES=0; the outputs are the same bits either way.
+  void set_branches(bool on);
+  bool branches() const { return branches_on_; }
 
  private:
   struct Workspace;
@@ -91,14 +96,21 @@ class CudaModel {
   std::vector<int64_t> graph_key(const Rows& rows, const std::vector<LayerDesc>& ld, size_t blob_bytes) const;
   void linear(const WeightView& w, const float* x, int64_t rows, float* y, int64_t row_begin = 0,
               int64_t row_end = -1, int64_t ldx = -1, int64_t ldy = -1);
+  // A full linear on stream s (the main stream or a side stream of branches_).
+  void linear_on(cudaStream_t s, const WeightView& w, const float* x, int64_t rows, float* y);
   // Several full linears on one input (Fast: one activation quantisation at decode sizes).
   void linear_shared_input(std::initializer_list<cuda::FastLinear::Output> outs, const float* x, int64_t rows,
-                           int64_t ldx);
+                           int64_t ldx, cudaStream_t s = nullptr);
+  // The FastLinear of stream s: each stream has its own (their scratch buffers are per instance).
+  cuda::FastLinear& fast_for(cudaStream_t s);
 
   DeviceWeights dw_;
   cuda::Precision precision_;
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<cuda::FastLinear> fast_;
+  std::unique_ptr<cuda::FastLinear> side_fast_[Branches::kSides];
+  std::unique_ptr<Branches> branches_;
+  bool branches_on_ = true;
   std::unique_ptr<cuda::MoeRunner> moe_;
   std::unique_ptr<Workspace> ws_;
   bool poison_ = false;

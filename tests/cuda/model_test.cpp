@@ -192,22 +192,27 @@ TEST(CudaFastPath, AgreesWithExactPathOnWellConditionedModels) {
   EXPECT_LE(mean_kl, 1e-3);
 }
 
-// CUDA graphs change nothing: one decode schedule on two models over the same checkpoint, one
-// replaying captured graphs and one launching eagerly, gives bitwise-equal logits at every step
-// (so identical greedy tokens), across window closes of the compressed layers, batch-size
-// changes, and a prefill that grows the scratch buffers (stale graphs must be re-captured).
+// CUDA graphs and side-stream branches change nothing: one decode schedule on three models over
+// the same checkpoint — one launching eagerly on one stream, one eagerly with the layer's side
+// branches (branches.h), one replaying captured graphs of those branches — gives bitwise-equal
+// logits at every step (so identical greedy tokens), across window closes of the compressed
+// layers, batch-size changes, and a prefill that grows the scratch buffers (stale graphs must
+// be re-captured).
 TEST_P(CudaGolden, GraphsGiveBitwiseIdenticalLogits) {
   const ModelWeights w = load_weights(c().quant_dir);
   const std::vector<int32_t>& ids = c().ids;
   const size_t V = static_cast<size_t>(c().cfg.vocab_size);
   for (cuda::Precision prec : {cuda::Precision::Exact, cuda::Precision::Fast}) {
-    CudaModel eager(w, prec), graphed(w, prec);
+    CudaModel eager(w, prec), branched(w, prec), graphed(w, prec);
     eager.set_graphs(false);
+    eager.set_branches(false);
+    branched.set_graphs(false);
+    branched.set_branches(true);
     graphed.set_graphs(true);
-    eager.set_poison(true);
-    graphed.set_poison(true);
+    graphed.set_branches(true);
+    for (CudaModel* m : {&eager, &branched, &graphed}) m->set_poison(true);
     const int64_t cap = static_cast<int64_t>(ids.size()) + 64;
-    std::vector<DeviceSequence> se, sg;
+    std::vector<DeviceSequence> se, sb, sg;
     auto tokens_at = [&](int64_t p, size_t n) {
       std::vector<int32_t> t(n);
       for (size_t i = 0; i < n; ++i) t[i] = ids[(p + i) % ids.size()];
@@ -216,26 +221,35 @@ TEST_P(CudaGolden, GraphsGiveBitwiseIdenticalLogits) {
     // Runs one call (each listed sequence takes n tokens) on both models and compares.
     auto step = [&](const std::vector<size_t>& which, size_t n, const char* what) {
       std::vector<std::vector<int32_t>> toks;
-      std::vector<DeviceChunk> ce, cg;
+      std::vector<DeviceChunk> ce, cb, cg;
       for (size_t i : which) toks.push_back(tokens_at(se[i].pos, n));
       for (size_t k = 0; k < which.size(); ++k) {
         ce.push_back({&se[which[k]], toks[k]});
+        cb.push_back({&sb[which[k]], toks[k]});
         cg.push_back({&sg[which[k]], toks[k]});
       }
-      const std::vector<float> a = eager.forward(ce, false), b = graphed.forward(cg, false);
+      const std::vector<float> a = eager.forward(ce, false), b = branched.forward(cb, false),
+                               g = graphed.forward(cg, false);
       ASSERT_EQ(a.size(), which.size() * V);
       ASSERT_EQ(b.size(), a.size());
-      ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << what << " at pos " << se[which[0]].pos;
+      ASSERT_EQ(g.size(), a.size());
+      ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0)
+          << what << " (branches, eager) at pos " << se[which[0]].pos;
+      ASSERT_EQ(std::memcmp(a.data(), g.data(), a.size() * sizeof(float)), 0)
+          << what << " (branches, graphs) at pos " << se[which[0]].pos;
+    };
+    auto add_sequence = [&] {
+      se.push_back(eager.new_sequence(cap));
+      sb.push_back(branched.new_sequence(cap));
+      sg.push_back(graphed.new_sequence(cap));
     };
     for (size_t i = 0; i < 3; ++i) {
-      se.push_back(eager.new_sequence(cap));
-      sg.push_back(graphed.new_sequence(cap));
+      add_sequence();
       step({i}, 3 + i, "prefill");
     }
     for (int t = 0; t < 10; ++t) step({0, 1, 2}, 1, "decode batch 3");
     for (int t = 0; t < 5; ++t) step({0, 2}, 1, "decode batch 2");
-    se.push_back(eager.new_sequence(cap));
-    sg.push_back(graphed.new_sequence(cap));
+    add_sequence();
     step({3}, 9, "prefill of a new sequence");
     for (int t = 0; t < 20; ++t) step({0, 1, 2, 3}, 1, "decode batch 4");
     for (int t = 0; t < 6; ++t) step({1, 3}, 2, "two-token chunks");
@@ -247,6 +261,7 @@ TEST_P(CudaGolden, GraphsGiveBitwiseIdenticalLogits) {
     EXPECT_GE(st.captures, 3);  // batch 3, batch 2, batch 4 (after the growth), two-token chunks
     EXPECT_EQ(st.failed_captures, 0);
     EXPECT_EQ(eager.graph_stats().replays, 0);
+    EXPECT_EQ(branched.graph_stats().replays, 0);
   }
 }
 

@@ -64,6 +64,25 @@ TEST_P(CudaOpsMhc, HcPreMatchesCpu) {
   EXPECT_LE(rel_error(to_host<float>(dpost, R * n), mix.post), 1e-5);
   EXPECT_LE(rel_error(to_host<float>(dcomb, R * n * n), mix.comb), 1e-5);
   EXPECT_LE(rel_error(to_host<float>(du, R * d), u), 1e-5);
+
+  // The gates (pre / post / comb) on a second stream while the first mixes u: the same bits.
+  cudaStream_t s = nullptr, gates = nullptr;
+  cudaEvent_t projected = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaStreamCreateWithFlags(&gates, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaEventCreateWithFlags(&projected, cudaEventDisableTiming), cudaSuccess);
+  DeviceBuffer spre = poisoned<float>(R * n), spost = poisoned<float>(R * n), scomb = poisoned<float>(R * n * n),
+               su = poisoned<float>(R * d);
+  cuda::hc_pre(dw.p, dX.as<float>(), R, n, d, cfg.hc_sinkhorn_iters, 1e-6f, 1e-6f, spre.as<float>(), spost.as<float>(),
+               scomb.as<float>(), su.as<float>(), s, gates, projected);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(to_host<float>(spre, R * n), to_host<float>(dpre, R * n));
+  EXPECT_EQ(to_host<float>(spost, R * n), to_host<float>(dpost, R * n));
+  EXPECT_EQ(to_host<float>(scomb, R * n * n), to_host<float>(dcomb, R * n * n));
+  EXPECT_EQ(to_host<float>(su, R * d), to_host<float>(du, R * d));
+  cudaEventDestroy(projected);
+  cudaStreamDestroy(gates);
+  cudaStreamDestroy(s);
 }
 
 TEST_P(CudaOpsMhc, HcPostMatchesCpu) {
@@ -79,6 +98,18 @@ TEST_P(CudaOpsMhc, HcPostMatchesCpu) {
   DeviceBuffer dpost = to_device(mix.post), dcomb = to_device(mix.comb), dF = to_device(F), dX = to_device(X);
   cuda::hc_post(dpost.as<float>(), dcomb.as<float>(), dF.as<float>(), dX.as<float>(), R, n, d, nullptr);
   EXPECT_LE(rel_error(to_host<float>(dX, X.size()), ref), 1e-6);
+  // F split into two addends (shared expert, routed experts): the same bits as their sum.
+  const std::vector<float> F1 = randn(R * d);
+  std::vector<float> F2(F.size()), sum(F.size());
+  for (size_t i = 0; i < F.size(); ++i) {
+    F2[i] = F[i] - F1[i];
+    sum[i] = F1[i] + F2[i];
+  }
+  DeviceBuffer dF1 = to_device(F1), dF2 = to_device(F2), dsum = to_device(sum), dXa = to_device(X), dXb = to_device(X);
+  cuda::hc_post(dpost.as<float>(), dcomb.as<float>(), dF1.as<float>(), dXa.as<float>(), R, n, d, nullptr,
+                dF2.as<float>());
+  cuda::hc_post(dpost.as<float>(), dcomb.as<float>(), dsum.as<float>(), dXb.as<float>(), R, n, d, nullptr);
+  EXPECT_EQ(to_host<float>(dXa, X.size()), to_host<float>(dXb, X.size()));
 }
 
 TEST_P(CudaOpsMhc, HcHeadMatchesCpu) {
