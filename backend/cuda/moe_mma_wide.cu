@@ -13,6 +13,7 @@
 #include <cuda_fp8.h>
 
 #include "backend/cuda/check.h"
+#include "backend/cuda/cp_async.cuh"
 #include "backend/cuda/mma_e4m3.cuh"
 #include "backend/cuda/moe_tiles.cuh"
 
@@ -30,12 +31,107 @@ struct WideOperand {
   int64_t ld, ld_s;
 };
 
+// The CTA's activation tile of one 128-block in shared memory: every column's 128 codes (rows
+// padded to 144 bytes: the 16-byte reads of a quarter warp hit distinct banks) and its scale.
+// Two of them: the next block is staged (cp.async) while the warps compute on this one.
+constexpr int kCodePitch = 144;
+struct ActStage {
+  uint8_t codes[kMmaWideTokens][kCodePitch];
+  float scales[kMmaWideTokens];
+};
+
+// Stages block kb of the tile's columns (only the 8-column groups that hold tokens); every
+// thread of the CTA takes part and commits one cp.async group.
+__device__ __forceinline__ void stage_block(ActStage& st, const WideOperand& x, const int32_t* col_row, int groups,
+                                            int64_t kb) {
+  const int chunks = groups * 8 * 8;  // 16-byte chunks: 8 per column
+  for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
+    const int col = c >> 3, part = c & 7;
+    cp_async16(&st.codes[col][16 * part], x.codes + static_cast<int64_t>(col_row[col]) * x.ld + kb * 128 + 16 * part);
+  }
+  for (int col = threadIdx.x; col < groups * 8; col += blockDim.x)
+    cp_async4(&st.scales[col], x.scales + kb * x.ld_s + col_row[col]);
+  cp_async_commit();
+}
+
+// One warp's raw weight fragments of a 128-block: rows g and g+8, the thread's 16 bytes of each
+// (packed layout) and the E8M0 bytes of the block's 4 groups.
+template <int NM>
+struct WeightBlock {
+  uint4 a[NM], b[NM];
+  uint32_t ea[NM], eb[NM];
+};
+
+template <int NM>
+__device__ __forceinline__ void load_weights(WeightBlock<NM>& w, const uint8_t* const (&pa)[NM],
+                                             const uint8_t* const (&sa)[NM], int64_t rb, int64_t sc, int64_t kb) {
+#pragma unroll
+  for (int m = 0; m < NM; ++m) {
+    w.a[m] = __ldg(reinterpret_cast<const uint4*>(pa[m] + kb * 64));
+    w.b[m] = __ldg(reinterpret_cast<const uint4*>(pa[m] + 8 * rb + kb * 64));
+    w.ea[m] = __ldg(reinterpret_cast<const uint32_t*>(sa[m] + kb * 4));
+    w.eb[m] = __ldg(reinterpret_cast<const uint32_t*>(sa[m] + 8 * sc + kb * 4));
+  }
+}
+
+// acc[m][n] += this 128-block's products for weight m and column group n (the arithmetic of
+// rows_times_tile, term for term).
+template <int NM>
+__device__ __forceinline__ void block_products(const WeightBlock<NM>& w, const ActStage& st, int groups,
+                                               float (&acc)[NM][kGroups][4]) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+  uint32_t ae[NM][4], ao[NM][4], be[NM][4], bo[NM][4];
+  float s_a[NM][4], s_b[NM][4];
+#pragma unroll
+  for (int m = 0; m < NM; ++m) {
+    const uint32_t wa[4] = {w.a[m].x, w.a[m].y, w.a[m].z, w.a[m].w}, wb[4] = {w.b[m].x, w.b[m].y, w.b[m].z, w.b[m].w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      e2m1x8_e4m3(wa[j], ae[m][j], ao[m][j]);
+      e2m1x8_e4m3(wb[j], be[m][j], bo[m][j]);
+      s_a[m][j] = e8m0_dev(static_cast<uint8_t>(w.ea[m] >> (8 * j)));
+      s_b[m][j] = e8m0_dev(static_cast<uint8_t>(w.eb[m] >> (8 * j)));
+    }
+  }
+#pragma unroll
+  for (int n = 0; n < kGroups; ++n) {
+    if (n >= groups) break;
+    // Columns past the tile's count hold column 0's codes: they only feed their own (unstored) outputs.
+    const uint4 lo = *reinterpret_cast<const uint4*>(&st.codes[8 * n + g][32 * q]);
+    const uint4 hi = *reinterpret_cast<const uint4*>(&st.codes[8 * n + g][32 * q + 16]);
+    const float2 xs = *reinterpret_cast<const float2*>(&st.scales[8 * n + 2 * q]);
+    const float x0 = xs.x, x1 = xs.y;
+    const uint2 xc[4] = {make_uint2(lo.x, lo.y), make_uint2(lo.z, lo.w), make_uint2(hi.x, hi.y), make_uint2(hi.z, hi.w)};
+    uint32_t xe[4], xo[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) split_even_odd(xc[j], xe[j], xo[j]);
+#pragma unroll
+    for (int m = 0; m < NM; ++m) {
+      float blk[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        float c[4];
+        mma_e4m3(c, ae[m][j], be[m][j], ao[m][j], bo[m][j], xe[j], xo[j]);
+        blk[0] += c[0] * s_a[m][j];
+        blk[1] += c[1] * s_a[m][j];
+        blk[2] += c[2] * s_b[m][j];
+        blk[3] += c[3] * s_b[m][j];
+      }
+      acc[m][n][0] += blk[0] * x0;
+      acc[m][n][1] += blk[1] * x1;
+      acc[m][n][2] += blk[2] * x0;
+      acc[m][n][3] += blk[3] * x1;
+    }
+  }
+}
+
 // total[m][n][i] (shared, this warp's, per lane) = Σ_k W_m[rows, k] x[cols of group n, k] for the
 // NM weights that share x, over the warp's 16 rows [r0, r0 + 16); col_row[c] = the operand row of
-// column c (count columns; the rest repeat column 0 and are never stored).
+// column c (count columns; the rest repeat column 0 and are never stored). Every thread of the
+// CTA must call it (it stages the activation tiles for all warps).
 template <int NM>
 __device__ __forceinline__ void wide_rows_times_tile(const DevWeight* const (&w)[NM], int64_t r0, const WideOperand& x,
-                                                     const int32_t* col_row, int count, int64_t nkb,
+                                                     const int32_t* col_row, int count, int64_t nkb, ActStage* stages,
                                                      float (*total)[kGroups][4][32]) {
   const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
   const int64_t rb = w[0]->in / 2, sc = w[0]->scale_cols;
@@ -46,9 +142,15 @@ __device__ __forceinline__ void wide_rows_times_tile(const DevWeight* const (&w)
     pa[m] = w[m]->data + (r0 + g) * rb + 16 * q;
     sa[m] = w[m]->scale + (r0 + g) * sc;
   }
-  const int groups = (count + 7) / 8;  // warp-uniform
+  const int groups = (count + 7) / 8;  // CTA-uniform
+  WeightBlock<NM> cur, next;
+  if (nkb > 0) {
+    stage_block(stages[0], x, col_row, groups, 0);
+    load_weights(cur, pa, sa, rb, sc, 0);
+  }
+  int64_t kb = 0;
   for (int slice = 0; slice < kMmaKSlices; ++slice) {
-    const int64_t kb0 = slice * nkb / kMmaKSlices, kb1 = (slice + 1) * nkb / kMmaKSlices;
+    const int64_t kb1 = (slice + 1) * nkb / kMmaKSlices;
     float acc[NM][kGroups][4];
 #pragma unroll
     for (int m = 0; m < NM; ++m)
@@ -56,60 +158,21 @@ __device__ __forceinline__ void wide_rows_times_tile(const DevWeight* const (&w)
       for (int n = 0; n < kGroups; ++n)
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[m][n][i] = 0.f;
-    for (int64_t kb = kb0; kb < kb1; ++kb) {
-      // The weight fragments of this 128-block, converted once for every column group.
-      uint32_t ae[NM][4], ao[NM][4], be[NM][4], bo[NM][4];
-      float s_a[NM][4], s_b[NM][4];
-#pragma unroll
-      for (int m = 0; m < NM; ++m) {
-        const uint4 a = __ldg(reinterpret_cast<const uint4*>(pa[m] + kb * 64));
-        const uint4 b = __ldg(reinterpret_cast<const uint4*>(pa[m] + 8 * rb + kb * 64));
-        const uint32_t ea = __ldg(reinterpret_cast<const uint32_t*>(sa[m] + kb * 4));
-        const uint32_t eb = __ldg(reinterpret_cast<const uint32_t*>(sa[m] + 8 * sc + kb * 4));
-        const uint32_t wa[4] = {a.x, a.y, a.z, a.w}, wb[4] = {b.x, b.y, b.z, b.w};
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          e2m1x8_e4m3(wa[j], ae[m][j], ao[m][j]);
-          e2m1x8_e4m3(wb[j], be[m][j], bo[m][j]);
-          s_a[m][j] = e8m0_dev(static_cast<uint8_t>(ea >> (8 * j)));
-          s_b[m][j] = e8m0_dev(static_cast<uint8_t>(eb >> (8 * j)));
-        }
+    for (; kb < kb1; ++kb) {
+      // Block kb + 1 in flight (activations into the other stage, weights into registers) while
+      // this one is multiplied.
+      const bool more = kb + 1 < nkb;
+      if (more) {
+        stage_block(stages[(kb + 1) & 1], x, col_row, groups, kb + 1);
+        load_weights(next, pa, sa, rb, sc, kb + 1);
+        cp_async_wait<1>();
+      } else {
+        cp_async_wait<0>();
       }
-#pragma unroll
-      for (int n = 0; n < kGroups; ++n) {
-        if (n >= groups) break;
-        const int cg = 8 * n + g;
-        uint4 lo = make_uint4(0u, 0u, 0u, 0u), hi = lo;
-        if (cg < count) {
-          const uint8_t* c = x.codes + static_cast<int64_t>(col_row[cg]) * x.ld + 32 * q + kb * 128;
-          lo = __ldg(reinterpret_cast<const uint4*>(c));
-          hi = __ldg(reinterpret_cast<const uint4*>(c + 16));
-        }
-        const float x0 = __ldg(x.scales + kb * x.ld_s + col_row[8 * n + 2 * q]),
-                    x1 = __ldg(x.scales + kb * x.ld_s + col_row[8 * n + 2 * q + 1]);
-        const uint2 xc[4] = {make_uint2(lo.x, lo.y), make_uint2(lo.z, lo.w), make_uint2(hi.x, hi.y),
-                             make_uint2(hi.z, hi.w)};
-        uint32_t xe[4], xo[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) split_even_odd(xc[j], xe[j], xo[j]);
-#pragma unroll
-        for (int m = 0; m < NM; ++m) {
-          float blk[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            float c[4];
-            mma_e4m3(c, ae[m][j], be[m][j], ao[m][j], bo[m][j], xe[j], xo[j]);
-            blk[0] += c[0] * s_a[m][j];
-            blk[1] += c[1] * s_a[m][j];
-            blk[2] += c[2] * s_b[m][j];
-            blk[3] += c[3] * s_b[m][j];
-          }
-          acc[m][n][0] += blk[0] * x0;
-          acc[m][n][1] += blk[1] * x1;
-          acc[m][n][2] += blk[2] * x0;
-          acc[m][n][3] += blk[3] * x1;
-        }
-      }
+      __syncthreads();  // block kb's stage is complete for every warp
+      block_products<NM>(cur, stages[kb & 1], groups, acc);
+      __syncthreads();  // every warp is done with the stage block kb + 2 will overwrite
+      if (more) cur = next;
     }
 #pragma unroll
     for (int m = 0; m < NM; ++m)
@@ -123,16 +186,29 @@ __device__ __forceinline__ void wide_rows_times_tile(const DevWeight* const (&w)
   }
 }
 
-// Shared memory per CTA: each warp's running totals, then the tile's column rows.
+// Shared memory per CTA: each warp's running totals, the two activation stages, the tile's
+// column rows.
+template <int NM>
+constexpr size_t totals_bytes() {
+  return sizeof(float) * kWarps * NM * kGroups * 4 * 32;
+}
 template <int NM>
 constexpr size_t wide_smem() {
-  return sizeof(float) * kWarps * NM * kGroups * 4 * 32 + sizeof(int32_t) * kMmaWideTokens;
+  return totals_bytes<NM>() + 2 * sizeof(ActStage) + sizeof(int32_t) * kMmaWideTokens;
 }
 
 template <int NM>
 __device__ __forceinline__ float (*warp_totals(unsigned char* smem))[kGroups][4][32] {
   float* base = reinterpret_cast<float*>(smem) + (threadIdx.x >> 5) * NM * kGroups * 4 * 32;
   return reinterpret_cast<float (*)[kGroups][4][32]>(base);
+}
+template <int NM>
+__device__ __forceinline__ ActStage* stages_of(unsigned char* smem) {
+  return reinterpret_cast<ActStage*>(smem + totals_bytes<NM>());
+}
+template <int NM>
+__device__ __forceinline__ int32_t* col_rows_of(unsigned char* smem) {
+  return reinterpret_cast<int32_t*>(smem + totals_bytes<NM>() + 2 * sizeof(ActStage));
 }
 
 __global__ void __launch_bounds__(kWarps * 32, 1)
@@ -143,7 +219,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
   extern __shared__ __align__(16) unsigned char smem[];
   if (static_cast<int>(blockIdx.y) >= *n_tiles) return;
   const MoeTile t = tiles[blockIdx.y];
-  int32_t* col_row = reinterpret_cast<int32_t*>(smem + wide_smem<2>() - sizeof(int32_t) * kMmaWideTokens);
+  int32_t* col_row = col_rows_of<2>(smem);
   for (int c = threadIdx.x; c < kMmaWideTokens; c += blockDim.x)
     col_row[c] = slot_pair[t.start + (c < t.count ? c : 0)] / K;
   __syncthreads();
@@ -151,7 +227,7 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
   const int64_t r0 = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * 16;
   const DevWeight* const ws[2] = {tab + 3 * t.expert, tab + 3 * t.expert + 2};  // W1, W3
   auto total = warp_totals<2>(smem);
-  wide_rows_times_tile<2>(ws, r0, WideOperand{xq, xs, d, ldxs}, col_row, t.count, d / 128, total);
+  wide_rows_times_tile<2>(ws, r0, WideOperand{xq, xs, d, ldxs}, col_row, t.count, d / 128, stages_of<2>(smem), total);
   for (int n = 0; n < kGroups; ++n)
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -170,14 +246,14 @@ __global__ void __launch_bounds__(kWarps * 32, 1)
   extern __shared__ __align__(16) unsigned char smem[];
   if (static_cast<int>(blockIdx.y) >= *n_tiles) return;
   const MoeTile t = tiles[blockIdx.y];
-  int32_t* col_row = reinterpret_cast<int32_t*>(smem + wide_smem<1>() - sizeof(int32_t) * kMmaWideTokens);
+  int32_t* col_row = col_rows_of<1>(smem);
   for (int c = threadIdx.x; c < kMmaWideTokens; c += blockDim.x) col_row[c] = t.start + (c < t.count ? c : 0);
   __syncthreads();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
   const int64_t r0 = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * 16;
   const DevWeight* const ws[1] = {tab + 3 * t.expert + 1};  // W2
   auto total = warp_totals<1>(smem);
-  wide_rows_times_tile<1>(ws, r0, WideOperand{hq, hs, I, ldhs}, col_row, t.count, I / 128, total);
+  wide_rows_times_tile<1>(ws, r0, WideOperand{hq, hs, I, ldhs}, col_row, t.count, I / 128, stages_of<1>(smem), total);
   for (int n = 0; n < kGroups; ++n)
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
