@@ -2,8 +2,8 @@
 # On the GPU machine: configure + build the CUDA backend, run every GPU test (parity, model
 # goldens), compute-sanitizer on the op tests, then the benchmarks. Logs go to $OUT; the last
 # lines printed are a short summary. Usage: scripts/gpu-check.sh [tests|bench|spec-bench|quick|all]
-# quick: ctest (no sanitizer, no CLI checks), bench_linear (BENCH_LINEAR=0 skips it), `dsv4 bench
-# --profile` and step.
+# quick: ctest (no sanitizer, no CLI checks), bench_linear (BENCH_LINEAR=0 skips it, =moe / =linear
+# runs one part), `dsv4 bench --profile` and step.
 # verify: quick, then compute-sanitizer on the decode kernels' tests, the CLI speculative checks
 # and the MTP bench (one lease: a short session's closing run). final: verify without the MTP
 # bench, plus bench_ops (attention, indexer top-k at 16k / 64k / 256k entries).
@@ -45,8 +45,10 @@ if [[ "$MODE" == quick || "$MODE" == verify || "$MODE" == final ]]; then
   grep -E "failed|Failed|FAILED" "$LOG/ctest.log" | head -20 >>"$LOG/summary-failures.log"
   grep -E "max \|cuda|fast vs exact|pooled" "$LOG/ctest.log" | sort -u >"$LOG/model-numbers.log"
   save
-  if [[ "${BENCH_LINEAR:-1}" != 0 ]]; then  # BENCH_LINEAR=0: skip (its numbers did not change)
-    timeout 200 "$BUILD/bench/bench_linear" >"$LOG/bench_linear.log" 2>&1
+  # BENCH_LINEAR=0: skip (its numbers did not change); linear / moe: only that part.
+  if [[ "${BENCH_LINEAR:-1}" != 0 ]]; then
+    part=(); [[ "${BENCH_LINEAR:-1}" != 1 ]] && part=("$BENCH_LINEAR")
+    timeout 200 "$BUILD/bench/bench_linear" "${part[@]}" >"$LOG/bench_linear.log" 2>&1
     summary+=("bench_linear: rc=$?")
   fi
   timeout 300 "$BUILD/tools/dsv4" bench --preset v4-flash --layers 8 --random-weights --batches 1,16,64 --profile \

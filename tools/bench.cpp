@@ -123,6 +123,15 @@ int run_bench(const BenchOptions& opt) {
     std::printf("prefill %lld tokens: %.3f s, %.0f tokens/s; linear FLOPs %.2f TFLOP, floor at 1.0 PFLOP/s (FP8) "
                 "%.4f s, ratio %.2fx\n",
                 (long long)opt.prefill, sec, opt.prefill / sec, flops / 1e12, floor_s, sec / floor_s);
+    if (opt.profile) {  // the same prefill again on a fresh sequence, one event pair per op
+      DeviceSequence s2 = model.new_sequence(opt.prefill + 8);
+      DeviceChunk c2{&s2, ids};
+      OpProfile prof;
+      model.set_profile(&prof);
+      model.forward_device(std::span<const DeviceChunk>(&c2, 1), false, &lg);
+      model.set_profile(nullptr);
+      std::printf("  per-op GPU time, prefill %lld tokens:\n%s", (long long)opt.prefill, prof.report().c_str());
+    }
   }
 
   // ---- decode per batch size: the same sequences stepped eagerly, then with CUDA graphs

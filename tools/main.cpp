@@ -114,7 +114,7 @@ int main(int argc, char** argv) {
   bench->add_option("--context", bopt.context, "tokens per sequence before decode timing")->capture_default_str();
   bench->add_option("--prefill", bopt.prefill, "prefill length")->capture_default_str();
   bench->add_option("--steps", bopt.steps, "timed decode steps")->capture_default_str();
-  bench->add_flag("--profile", bopt.profile, "per-op GPU time of eager decode steps");
+  bench->add_flag("--profile", bopt.profile, "per-op GPU time of the prefill and of eager decode steps");
   bench->add_option("--speculative-tokens", bopt.speculative_tokens,
                     "also engine decode with MTP drafting k tokens (1..3) against none")->capture_default_str();
 

@@ -326,8 +326,9 @@ void CudaModel::run_layer(const DeviceLayer& L, size_t li, const float* rope, co
   auto at = [&](size_t off) { return a.blob + off; };
   float *X = a.X, *u = a.u, *F = a.F, *qr = a.qr, *q = a.q, *kv = a.kv, *o = a.o;
 
-  // Side streams (branches.h): the compressor and the indexer beside the query path, the shared
-  // expert beside the routed experts, the mHC gates (Sinkhorn) beside everything up to hc_post.
+  // Side streams (branches.h): the compressor, the current key and the indexer beside the query
+  // path, the window ring store and the shared expert beside the routed experts, the mHC gates
+  // (Sinkhorn) beside everything up to hc_post.
   // Profiling keeps one stream, so that each mark times the ops before it.
   Branches& br = *branches_;
   br.set_enabled(branches_on_ && !prof_);
@@ -384,18 +385,24 @@ void CudaModel::run_layer(const DeviceLayer& L, size_t li, const float* rope, co
                        std::max<int64_t>(ld.max_visible, 1), a.sel, is, precision_ == cuda::Precision::Fast);
     mark("indexer_topk");
   }
+  {  // the current key, after the compressor on its side (attention waits for both)
+    cudaStream_t ks = br.fork(kCompressorSide);
+    cuda::rms_norm_rope(kv, L.kv_norm, R, 1, D, eps, rope, P, a.pos, ks);
+    mark("kv norm+rope");
+  }
   linear(L.wq_b, qr, R, q);
   mark("wq_b");
   cuda::rms_norm_rope(q, nullptr, R, H, D, eps, rope, P, a.pos, s);
   mark("q norm+rope");
-  cuda::rms_norm_rope(kv, L.kv_norm, R, 1, D, eps, rope, P, a.pos, s);
-  mark("kv norm+rope");
-  if (L.kind != AttnKind::SWA) br.join(kCompressorSide);
+  br.join(kCompressorSide);
   if (L.kind == AttnKind::CSA) br.join(kIndexerSide);
   cuda::sparse_attention(q, reinterpret_cast<const cuda::AttnRow*>(at(ld.attn)), R, H, D, W, L.sink, o, s);
   mark("sparse_attention");
   cuda::rope(o, R, H, D, rope, P, a.pos, true, s);
-  cuda::ring_store_jobs(reinterpret_cast<const cuda::RingJob*>(at(ld.kv_ring)), ld.n_kv_ring, ld.kv_ring_rows, s);
+  // The window ring takes the current keys once attention has read the entries they replace;
+  // nothing else in this layer reads it (joined with the shared expert's side below).
+  cuda::ring_store_jobs(reinterpret_cast<const cuda::RingJob*>(at(ld.kv_ring)), ld.n_kv_ring, ld.kv_ring_rows,
+                        br.fork(kCompressorSide));
   mark("inverse rope+kv ring");
   const int64_t gin = H * D / G;  // grouped low-rank output
   DSV4_CHECK(L.wo_a.in == gin && L.wo_a.out == G * Ro, "wo_a: expected [", G * Ro, ", ", gin, "]");
@@ -415,7 +422,7 @@ void CudaModel::run_layer(const DeviceLayer& L, size_t li, const float* rope, co
   mark("hc_pre");
   cuda::rms_norm(u, L.ffn_norm, u, R, d, eps, s);
   mark("norms");
-  cudaStream_t xs = br.fork(kSharedSide);
+  cudaStream_t xs = br.fork(kSharedSide);  // after the kv ring store on this side
   linear_shared_input({{&L.shared_w1, a.gu, 2 * I}, {&L.shared_w3, a.gu + I, 2 * I}}, u, R, d, xs);
   cuda::swiglu(a.gu, R, I, static_cast<float>(cfg.swiglu_limit), a.hbuf, xs);
   linear_on(xs, L.shared_w2, a.hbuf, R, F);
