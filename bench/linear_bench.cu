@@ -212,7 +212,7 @@ void bench_moe() {
   // Stored layout (Exact, then Fast), then the tensor-core layout of pack_for_tensor_cores (Fast).
   for (const bool packed : {false, true}) {
     if (packed && !runner.pack_for_tensor_cores(set, nullptr)) break;
-    for (int64_t R : {1, 8, 64, 256, 1024, 4096}) {
+    for (int64_t R : {1, 8, 64, 256, 1024, 2048, 4096}) {
       // Eight routings to rotate through (different experts each call).
       const int sets = 8;
       std::vector<int32_t> ex(sets * R * K);

@@ -128,13 +128,16 @@ void bench_attention() {
                              dsel.as<int32_t>() + r * n_sel, n_sel});
     }
     DeviceBuffer drows = to_device(rows);
-    const double us = median_us([&] {
-      sparse_attention(q.as<float>(), drows.as<AttnRow>(), R, H, D, W, sink.as<float>(), o.as<float>(), nullptr);
-    });
-    const double keys = W + n_sel;
-    const double key_bytes = prefill ? (R + W + pool) * D * 4.0 : R * keys * D * 4.0;
-    report("sparse_attention", R, "H 64 D 512, 128+512 keys", us, 2.0 * R * H * D * 4 + key_bytes,
-           4.0 * R * H * keys * D);
+    for (const bool fast : {false, true}) {  // fp32 (Exact) and bf16 tensor cores (Fast)
+      const double us = median_us([&] {
+        sparse_attention(q.as<float>(), drows.as<AttnRow>(), R, H, D, W, sink.as<float>(), o.as<float>(), nullptr,
+                         fast);
+      });
+      const double keys = W + n_sel;
+      const double key_bytes = prefill ? (R + W + pool) * D * 4.0 : R * keys * D * 4.0;
+      report(fast ? "attention fast" : "attention exact", R, "H 64 D 512, 128+512 keys", us,
+             2.0 * R * H * D * 4 + key_bytes, 4.0 * R * H * keys * D, fast ? kBf16Flops : kSimtFlops);
+    }
   }
 }
 

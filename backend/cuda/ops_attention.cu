@@ -13,11 +13,13 @@
 #include "backend/cuda/async_scratch.h"
 #include "backend/cuda/check.h"
 #include "backend/cuda/ops.h"
+#include "backend/cuda/ops_attention_keys.cuh"
 #include "backend/cuda/ops_common.cuh"
 
 namespace dsv4::cuda {
 
 using detail::ceil_div;
+using detail::key_ptr;
 using detail::sm_count;
 
 namespace {
@@ -34,21 +36,6 @@ struct AttnSmem {
   explicit __host__ __device__ AttnSmem(int64_t D)
       : ks(0), qs(kAK * (D + 4)), red(qs + kAH * D), p(red + kAH * kAH * kAK), total(p + kAK * kAH) {}
 };
-
-// Key j of a row's list: window positions first, then compressed entries; nullptr = masked.
-__device__ __forceinline__ const float* key_ptr(const AttnRow& row, int64_t j, int64_t lo, int64_t nwin, int64_t W,
-                                                int64_t D) {
-  if (j < nwin) {
-    const int64_t t = lo + j;
-    return t >= row.chunk_p0 ? row.chunk_kv + (t - row.chunk_p0) * D : row.ring + (t % W) * D;
-  }
-  const int64_t i = j - nwin;
-  if (row.sel) {
-    const int32_t e = row.sel[i];
-    return e >= 0 ? row.entries + int64_t(e) * D : nullptr;
-  }
-  return row.entries + i * D;
-}
 
 // dst[j * ld + 4c ..] = src(j)[4c ..] for n rows of d4 float4 (src nullptr: zeros). Each thread
 // issues kStageBatch independent loads before storing any: the former one-load-then-store loop
@@ -216,10 +203,25 @@ __global__ void attention_merge_kernel(const float* partial, const float2* ml, i
 }  // namespace
 
 void sparse_attention(const float* q, const AttnRow* rows, int64_t R, int64_t H, int64_t D, int64_t W,
-                      const float* sink, float* o, cudaStream_t s) {
+                      const float* sink, float* o, cudaStream_t s, bool fast) {
   DSV4_CHECK(D % 4 == 0 && D <= kMaxD, "cuda::sparse_attention: head dim must be a multiple of 4, <= ", kMaxD);
   DSV4_CHECK(W >= 1, "cuda::sparse_attention: window must be >= 1");
   if (R == 0 || H == 0) return;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  if (fast && detail::attention_mma_ok(H, D)) {
+    // One CTA per SM (its O accumulators fill the registers): split keys up to about one wave.
+    const int64_t ctas = R * (H / detail::kAttnMmaHeads);
+    const int nsplit = static_cast<int>(std::clamp<int64_t>(ceil_div(sm_count(), ctas), 1, kMaxSplit));
+    if (nsplit == 1) return detail::attention_mma(q, rows, R, H, W, sink, scale, 1, o, nullptr, nullptr, s);
+    float* partial = async_scratch_of<float>(R * H * nsplit * D, s);
+    float2* ml = async_scratch_of<float2>(R * H * nsplit, s);
+    detail::attention_mma(q, rows, R, H, W, sink, scale, nsplit, o, partial, ml, s);
+    attention_merge_kernel<<<R * H, 128, 0, s>>>(partial, ml, H, D, nsplit, sink, o);
+    DSV4_CUDA_LAUNCH_CHECK();
+    async_release(partial, s);
+    async_release(ml, s);
+    return;
+  }
   const int64_t groups = ceil_div(H, kAH);
   // Fewer blocks than ~2 waves: split each row's keys (at most 16 ways).
   const int nsplit = static_cast<int>(std::clamp<int64_t>(ceil_div(2 * sm_count(), R * groups), 1, kMaxSplit));
@@ -227,7 +229,6 @@ void sparse_attention(const float* q, const AttnRow* rows, int64_t R, int64_t H,
   DSV4_CUDA_CHECK(cudaFuncSetAttribute(attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        static_cast<int>(smem)));
   const dim3 grid(static_cast<unsigned>(groups), static_cast<unsigned>(R), static_cast<unsigned>(nsplit));
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   if (nsplit == 1) {
     attention_kernel<<<grid, kAThreads, smem, s>>>(q, rows, H, D, W, sink, scale, o, 1, nullptr, nullptr);
     DSV4_CUDA_LAUNCH_CHECK();

@@ -396,7 +396,8 @@ void CudaModel::run_layer(const DeviceLayer& L, size_t li, const float* rope, co
   mark("q norm+rope");
   br.join(kCompressorSide);
   if (L.kind == AttnKind::CSA) br.join(kIndexerSide);
-  cuda::sparse_attention(q, reinterpret_cast<const cuda::AttnRow*>(at(ld.attn)), R, H, D, W, L.sink, o, s);
+  cuda::sparse_attention(q, reinterpret_cast<const cuda::AttnRow*>(at(ld.attn)), R, H, D, W, L.sink, o, s,
+                         precision_ == cuda::Precision::Fast);
   mark("sparse_attention");
   cuda::rope(o, R, H, D, rope, P, a.pos, true, s);
   // The window ring takes the current keys once attention has read the entries they replace;

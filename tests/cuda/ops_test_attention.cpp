@@ -4,6 +4,7 @@
 // in the denominator, scale 1/sqrt(D), K = V.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 
 #include "backend/cpu/linear.h"
 #include "backend/cuda/ops.h"
@@ -22,9 +23,14 @@ using test::rel_error;
 
 enum class Kind { SWA, HCA, CSA };
 
+// How a case is checked: the fp32 kernel against the CPU formula, or the Fast (bf16 tensor-core)
+// path, whose error must show bf16 rounding (so it really ran) and stay within bf16 accuracy.
+enum class Path { Exact, FastMma, FastFallback };
+
 // R rows of one chunk starting at p0 (rows at positions p0 + r), a ring holding the W positions
 // before p0, and n_entries compressed entries; CSA rows select n_sel entries with some -1 slots.
-void run_case(Kind kind, int64_t R, int64_t p0, int64_t H, int64_t D, int64_t W, int64_t n_entries, int64_t n_sel) {
+void run_case(Kind kind, int64_t R, int64_t p0, int64_t H, int64_t D, int64_t W, int64_t n_entries, int64_t n_sel,
+              Path path = Path::Exact) {
   const std::vector<float> q = randn(R * H * D), chunk = randn(R * D), ring = randn(W * D),
                            entries = randn(std::max<int64_t>(n_entries, 1) * D), sink = randn(H);
   std::vector<int32_t> sel(R * n_sel);
@@ -57,8 +63,15 @@ void run_case(Kind kind, int64_t R, int64_t p0, int64_t H, int64_t D, int64_t W,
   }
   DeviceBuffer drows = to_device(rows);
   cuda::sparse_attention(dq.as<float>(), drows.as<cuda::AttnRow>(), R, H, D, W, dsink.as<float>(), dout.as<float>(),
-                         nullptr);
-  EXPECT_LE(rel_error(to_host<float>(dout, ref.size()), ref), 1e-5);
+                         nullptr, path != Path::Exact);
+  const double err = rel_error(to_host<float>(dout, ref.size()), ref);
+  if (path == Path::FastMma) {
+    std::printf("  fast attention R=%lld H=%lld: rel error %.2e\n", (long long)R, (long long)H, err);
+    EXPECT_GT(err, 1e-6);  // bf16 operands: the tensor-core kernel ran
+    EXPECT_LE(err, 1e-2);
+  } else {
+    EXPECT_LE(err, 1e-5);
+  }
 }
 
 // V4-Flash shapes: H 64, D 512, window 128, top-512 (CSA) / long HCA lists.
@@ -77,6 +90,23 @@ TEST(CudaOpsAttention, HcaSmallBatch) {
 TEST(CudaOpsAttention, SwaPrefixFromZero) {
   DSV4_REQUIRE_GPU();
   run_case(Kind::SWA, 37, 0, 64, 512, 128, 0, 0);
+}
+// The Fast tensor-core kernel (H % 64 == 0, D 512): split keys at decode sizes (some splits
+// hold fewer than a 32-key tile, some none), one CTA per row at prefill sizes, two head groups.
+TEST(CudaOpsAttention, FastTensorCoreDecodeAndPrefill) {
+  DSV4_REQUIRE_GPU();
+  run_case(Kind::CSA, 1, 5000, 64, 512, 128, 3000, 512, Path::FastMma);
+  run_case(Kind::CSA, 40, 200, 64, 512, 128, 800, 512, Path::FastMma);
+  run_case(Kind::HCA, 3, 70, 64, 512, 128, 300, 0, Path::FastMma);
+  run_case(Kind::SWA, 37, 0, 64, 512, 128, 0, 0, Path::FastMma);
+  run_case(Kind::CSA, 300, 1000, 64, 512, 128, 900, 512, Path::FastMma);
+  run_case(Kind::CSA, 2, 600, 128, 512, 128, 700, 512, Path::FastMma);
+}
+// Shapes the tensor-core kernel does not take run the fp32 kernel in Fast precision too.
+TEST(CudaOpsAttention, FastFallsBackToFp32ForOtherShapes) {
+  DSV4_REQUIRE_GPU();
+  run_case(Kind::CSA, 6, 9, 4, 128, 8, 5, 4, Path::FastFallback);
+  run_case(Kind::HCA, 5, 300, 64, 256, 128, 40, 0, Path::FastFallback);
 }
 TEST(CudaOpsAttention, TinyModelShapes) {
   DSV4_REQUIRE_GPU();

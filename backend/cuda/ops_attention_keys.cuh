@@ -1,0 +1,36 @@
+// What the sparse-attention kernels share (ops_attention.cu: fp32, the Exact twin;
+// ops_attention_mma.cu: bf16 tensor cores, Fast): a row's key list. Only .cu files include this.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backend/cuda/ops.h"
+
+namespace dsv4::cuda::detail {
+
+// Key j of a row's list: window positions first, then compressed entries; nullptr = masked.
+__device__ __forceinline__ const float* key_ptr(const AttnRow& row, int64_t j, int64_t lo, int64_t nwin, int64_t W,
+                                                int64_t D) {
+  if (j < nwin) {
+    const int64_t t = lo + j;
+    return t >= row.chunk_p0 ? row.chunk_kv + (t - row.chunk_p0) * D : row.ring + (t % W) * D;
+  }
+  const int64_t i = j - nwin;
+  if (row.sel) {
+    const int32_t e = row.sel[i];
+    return e >= 0 ? row.entries + int64_t(e) * D : nullptr;
+  }
+  return row.entries + i * D;
+}
+
+// Tensor-core attention (Fast precision) for H % 64 == 0 and D == 512: o, or with partial the
+// flash-decoding triples of the key-list splits (the fp32 kernel's format, merged by the same
+// kernel). grid (H / 64, R, nsplit).
+constexpr int kAttnMmaHeads = 64;
+constexpr int kAttnMmaDim = 512;
+inline bool attention_mma_ok(int64_t H, int64_t D) { return H % kAttnMmaHeads == 0 && D == kAttnMmaDim; }
+void attention_mma(const float* q, const AttnRow* rows, int64_t R, int64_t H, int64_t W, const float* sink, float scale,
+                   int nsplit, float* o, float* partial, float2* ml, cudaStream_t s);
+
+}  // namespace dsv4::cuda::detail

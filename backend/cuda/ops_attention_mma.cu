@@ -1,0 +1,244 @@
+// Shared-KV sparse attention on bf16 tensor cores (Fast precision; the fp32 kernel of
+// ops_attention.cu is the Exact twin). Every head of a row attends to the same keys (K = V), so
+// one row is two small GEMMs: S = Q K^T (64 heads x 32 keys per tile, K-dim 512) and O += P V
+// (64 heads x 512 columns, K-dim the tile's 32 keys). A CTA takes one row and 64 heads: q as
+// bf16 in shared memory once, each tile of 32 keys converted to bf16 into shared memory, S and
+// O on mma.m16n8k16 (fp32 accumulation), an online softmax per head whose running max starts at
+// the sink logit. The fp32 kernel did the same work with FMAs: ~12 TFLOP/s on 4096 prefill rows
+// of 640 keys, 47% of a 4096-token prefill. Same split / merge scheme as the fp32 kernel.
+// Warp w: S of heads 16 (w % 4).. x keys 16 (w / 4)..; O of heads 16 (w % 4).. x columns
+// 256 (w / 4)... Fragments come from ldmatrix (x4; .trans for V, which is stored key-major).
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+#include "backend/cuda/check.h"
+#include "backend/cuda/cp_async.cuh"
+#include "backend/cuda/ops_attention_keys.cuh"
+#include "backend/cuda/ops_common.cuh"
+
+namespace dsv4::cuda::detail {
+namespace {
+
+constexpr int kH = kAttnMmaHeads, kD = kAttnMmaDim;
+constexpr int kKeys = 32;               // keys per tile
+constexpr int kThreads = 256;           // 8 warps
+constexpr int kQPitch = kD + 8;         // bf16 per q / key row: 1040 bytes, rows 4 banks apart
+constexpr int kPPitch = kKeys + 8;      // bf16 per probability row: 80 bytes
+constexpr int kSPitch = kKeys + 1;      // floats per score row
+constexpr int kOCols = kD / 2;          // output columns per warp
+constexpr int kONt = kOCols / 8;        // n tiles of 8 columns per warp
+
+struct Smem {
+  __nv_bfloat16 q[kH][kQPitch];
+  __nv_bfloat16 k[kKeys][kQPitch];
+  float s[kH][kSPitch];
+  __nv_bfloat16 p[kH][kPPitch];
+  float m[kH], l[kH], alpha[kH];
+  const float* kp[kKeys];
+};
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// n rows of kD fp32 (src(i) nullptr: zeros) into bf16 rows of dst; eight float4 loads in flight
+// per thread before any is stored.
+template <typename Src>
+__device__ __forceinline__ void stage_bf16(__nv_bfloat16 (*dst)[kQPitch], int n, Src src) {
+  constexpr int d4 = kD / 4, batch = 8;
+  const int total = n * d4;
+  for (int i0 = threadIdx.x; i0 < total; i0 += kThreads * batch) {
+    float4 v[batch];
+#pragma unroll
+    for (int b = 0; b < batch; ++b) {
+      const int i = i0 + b * kThreads;
+      const float* p = i < total ? src(i / d4) : nullptr;
+      v[b] = p ? __ldg(reinterpret_cast<const float4*>(p) + i % d4) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int b = 0; b < batch; ++b) {
+      const int i = i0 + b * kThreads;
+      if (i < total)
+        *reinterpret_cast<uint2*>(&dst[i / d4][4 * (i % d4)]) = make_uint2(pack_bf16(v[b].x, v[b].y), pack_bf16(v[b].z, v[b].w));
+    }
+  }
+}
+
+// ldmatrix x4 address of lane for a 16x16 block at (r0, c0) of a row-major bf16 matrix: the
+// A-operand order (rows 0-7 / 8-15, then columns 0-7 / 8-15).
+template <int P>
+__device__ __forceinline__ const __nv_bfloat16* a_addr(const __nv_bfloat16 (*m)[P], int r0, int c0) {
+  const int lane = threadIdx.x & 31, mi = lane >> 3, rr = lane & 7;
+  return &m[r0 + rr + 8 * (mi & 1)][c0 + 8 * (mi >> 1)];
+}
+
+__global__ void __launch_bounds__(kThreads, 1)
+    attention_mma_kernel(const float* __restrict__ q, const AttnRow* __restrict__ rows, int64_t H, int64_t W,
+                         const float* __restrict__ sink, float scale, int nsplit, float* __restrict__ o,
+                         float* __restrict__ partial, float2* __restrict__ ml) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  Smem& S = *reinterpret_cast<Smem*>(smem_raw);
+  const int64_t r = blockIdx.y, h0 = static_cast<int64_t>(blockIdx.x) * kH;
+  const int split = blockIdx.z;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, qd = lane & 3;
+  const AttnRow row = rows[r];
+  const int64_t lo = row.pos - W + 1 > 0 ? row.pos - W + 1 : 0, nwin = row.pos - lo + 1;
+  const int64_t nkeys = nwin + (row.sel ? row.n_sel : row.n_entries);
+  const int64_t chunk = ceil_div(ceil_div(nkeys, int64_t(nsplit)), int64_t(kKeys)) * kKeys;
+  const int64_t kb = split * chunk < nkeys ? split * chunk : nkeys, ke = kb + chunk < nkeys ? kb + chunk : nkeys;
+
+  stage_bf16(S.q, kH, [&](int h) { return q + (r * H + h0 + h) * kD; });
+  if (tid < kH) {
+    S.m[tid] = sink[h0 + tid];
+    S.l[tid] = 0.f;
+  }
+  const int hs = 16 * (warp & 3);       // this warp's heads (S and O)
+  const int ks0 = 16 * (warp >> 2);     // its keys in S
+  const int oc0 = kOCols * (warp >> 2);  // its output columns
+  float acc[kONt][4];
+#pragma unroll
+  for (int t = 0; t < kONt; ++t)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[t][i] = 0.f;
+
+  for (int64_t t0 = kb; t0 < ke; t0 += kKeys) {
+    if (tid < kKeys) S.kp[tid] = t0 + tid < ke ? key_ptr(row, t0 + tid, lo, nwin, W, kD) : nullptr;
+    __syncthreads();  // kp ready; the previous tile's keys and probabilities are no longer read
+    stage_bf16(S.k, kKeys, [&](int j) { return S.kp[j]; });
+    __syncthreads();
+    {  // S = Q K^T for 16 heads x 16 keys
+      float c[2][4] = {};
+#pragma unroll 4
+      for (int k0 = 0; k0 < kD; k0 += 16) {
+        uint32_t a[4], b[4];
+        ldsm_x4(a, a_addr(S.q, hs, k0));
+        // B = K^T, stored key-major ([n][k]): matrices (keys 0-7 | 8-15) x (k 0-7 | 8-15).
+        const int mi = lane >> 3, rr = lane & 7;
+        ldsm_x4(b, &S.k[ks0 + rr + 8 * (mi >> 1)][k0 + 8 * (mi & 1)]);
+        mma_bf16(c[0], a, b[0], b[1]);
+        mma_bf16(c[1], a, b[2], b[3]);
+      }
+#pragma unroll
+      for (int t = 0; t < 2; ++t) {
+        const int col = ks0 + 8 * t + 2 * qd;
+        S.s[hs + g][col] = c[t][0] * scale;
+        S.s[hs + g][col + 1] = c[t][1] * scale;
+        S.s[hs + g + 8][col] = c[t][2] * scale;
+        S.s[hs + g + 8][col + 1] = c[t][3] * scale;
+      }
+    }
+    __syncthreads();
+    {  // online softmax: head tid / 4, keys 8 (tid % 4) .. + 8 (the 4 lanes of a head are adjacent)
+      const int h = tid >> 2, k0 = 8 * (tid & 3);
+      const float m_old = S.m[h], l_old = S.l[h];
+      float v[8], mx = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        v[j] = S.kp[k0 + j] ? S.s[h][k0 + j] : -INFINITY;
+        mx = fmaxf(mx, v[j]);
+      }
+      mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 2));
+      const float m_new = fmaxf(m_old, mx);
+      uint32_t pk[4];
+      float sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < 8; j += 2) {
+        // The sum takes the probabilities as the PV product sees them (rounded to bf16).
+        pk[j / 2] = pack_bf16(v[j] == -INFINITY ? 0.f : expf(v[j] - m_new), v[j + 1] == -INFINITY ? 0.f : expf(v[j + 1] - m_new));
+        const __nv_bfloat162 pr = *reinterpret_cast<const __nv_bfloat162*>(&pk[j / 2]);
+        sum += __low2float(pr) + __high2float(pr);
+      }
+      sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 1);
+      sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 2);
+      *reinterpret_cast<uint4*>(&S.p[h][k0]) = make_uint4(pk[0], pk[1], pk[2], pk[3]);
+      if ((tid & 3) == 0) {  // after the shuffles: every lane of the head has read m_old / l_old
+        const float a = expf(m_old - m_new);
+        S.alpha[h] = a;
+        S.m[h] = m_new;
+        S.l[h] = l_old * a + sum;
+      }
+    }
+    __syncthreads();
+    {  // O = alpha O + P V for 16 heads x 256 columns
+      const float a_lo = S.alpha[hs + g], a_hi = S.alpha[hs + g + 8];
+#pragma unroll
+      for (int t = 0; t < kONt; ++t) {
+        acc[t][0] *= a_lo;
+        acc[t][1] *= a_lo;
+        acc[t][2] *= a_hi;
+        acc[t][3] *= a_hi;
+      }
+#pragma unroll
+      for (int k0 = 0; k0 < kKeys; k0 += 16) {
+        uint32_t a[4];
+        ldsm_x4(a, a_addr(S.p, hs, k0));
+        const int mi = lane >> 3, rr = lane & 7;
+#pragma unroll
+        for (int t = 0; t < kONt; t += 2) {
+          // B = V, stored key-major ([k][n]): transposed matrices (k 0-7 | 8-15) x (n 0-7 | 8-15).
+          uint32_t b[4];
+          ldsm_x4_trans(b, &S.k[k0 + rr + 8 * (mi & 1)][oc0 + 8 * t + 8 * (mi >> 1)]);
+          mma_bf16(acc[t], a, b[0], b[1]);
+          mma_bf16(acc[t + 1], a, b[2], b[3]);
+        }
+      }
+    }
+  }
+  __syncthreads();
+  const int64_t hg = h0 + hs + g;  // rows g and g + 8 of the warp's heads
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int64_t hh = hg + 8 * half;
+    const int hl = hs + g + 8 * half;
+    float* dst;
+    float mul = 1.f;
+    if (partial) {
+      const int64_t slot = (r * H + hh) * nsplit + split;
+      dst = partial + slot * kD;
+      if (warp < 4 && qd == 0) ml[slot] = make_float2(S.m[hl], S.l[hl]);
+    } else {
+      dst = o + (r * H + hh) * kD;
+      mul = 1.0f / (S.l[hl] + expf(sink[hh] - S.m[hl]));
+    }
+#pragma unroll
+    for (int t = 0; t < kONt; ++t)
+      *reinterpret_cast<float2*>(dst + oc0 + 8 * t + 2 * qd) =
+          make_float2(acc[t][2 * half] * mul, acc[t][2 * half + 1] * mul);
+  }
+}
+
+}  // namespace
+
+void attention_mma(const float* q, const AttnRow* rows, int64_t R, int64_t H, int64_t W, const float* sink, float scale,
+                   int nsplit, float* o, float* partial, float2* ml, cudaStream_t s) {
+  DSV4_CHECK(attention_mma_ok(H, kD), "attention_mma: needs H % 64 == 0 and D == 512");
+  const size_t smem = sizeof(Smem);
+  DSV4_CUDA_CHECK(cudaFuncSetAttribute(attention_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(smem)));
+  const dim3 grid(static_cast<unsigned>(H / kH), static_cast<unsigned>(R), static_cast<unsigned>(nsplit));
+  attention_mma_kernel<<<grid, kThreads, smem, s>>>(q, rows, H, W, sink, scale, nsplit, o, partial, ml);
+  DSV4_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace dsv4::cuda::detail
