@@ -3,7 +3,12 @@
 // every 8 tokens: at 4096 tokens (~100 per expert) the experts were read ~12 times from L2 and
 // the run took 15x its FLOP floor. Here each warp owns 16 weight rows over the whole K and
 // converts each weight fragment once for up to 8 column groups of 8 tokens (8 mma per
-// conversion instead of 1); the activation codes come from L1, shared by the CTA's 8 warps.
+// conversion instead of 1). The CTA's activation tile of the next 128-block is staged in shared
+// memory by cp.async (read by all 8 warps) while the current one is multiplied, and each warp
+// loads the next block's weights meanwhile: the first form, reading codes through L1 behind a
+// shared-memory index per column group, ran no faster than the 8-token kernels (18.6 ms at
+// 4096 tokens; staged: 11.9 ms, bench/NOTES.md step 4). On sm_90 the e4m3 mma is emulated (f16
+// conversion of both operands per mma), so converting the weights once saves only the e2m1 step.
 //
 // Same bits as the 8-token kernels: those split K into kMmaKSlices slices (one per warp), each
 // summed from zero, and add the slices in order. A warp here walks the same slices, starting
