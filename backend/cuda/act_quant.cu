@@ -66,6 +66,25 @@ __global__ void quant_kernel(const float* __restrict__ x, int64_t rows, int64_t 
   if (lane == 0) scales[kb * rows_pad + r] = s;
 }
 
+// Position of value kk (< 128) of a block in the wgmma operand order (act_quant.h).
+__device__ __forceinline__ int wgmma_pos(int kk) {
+  const int u = kk & 7;
+  return (kk & ~31) + 16 * (u >> 2) + 8 * ((u >> 1) & 1) + 2 * ((kk >> 3) & 3) + (u & 1);
+}
+
+__global__ void quant_bf16_kernel(const float* __restrict__ x, int64_t rows, int64_t ldx, __nv_bfloat16* __restrict__ y,
+                                  int64_t ldy, int64_t kblocks) {
+  const int64_t id = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (id >= rows * kblocks) return;
+  const int64_t r = id / kblocks, kb = id % kblocks;
+  float v[4];
+  const float s = load_block(x, r, kb, kblocks * 128, ldx, v);
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+    y[r * ldy + kb * 128 + wgmma_pos(lane + 32 * j)] = __float2bfloat16_rn(from_e4m3(to_e4m3(v[j] / s)) * s);
+}
+
 __global__ void fake_quant_kernel(const float* x, int64_t rows, int64_t in, int64_t ldx, float* y, int64_t ldy,
                                   int64_t kblocks) {
   const int64_t id = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
@@ -92,6 +111,15 @@ void act_quant_fp8(const float* x, int64_t rows, int64_t in, int64_t ldx, int64_
   if (rows_pad * kb == 0) return;
   quant_kernel<<<blocks_for(rows_pad * kb), kWarps * 32, 0, s>>>(x, rows, in, ldx, rows_pad, q, ldq, scales, kb,
                                                                  mma_packed);
+  DSV4_CUDA_LAUNCH_CHECK();
+}
+
+void act_quant_bf16_wgmma(const float* x, int64_t rows, int64_t in, int64_t ldx, __nv_bfloat16* y, int64_t ldy,
+                          cudaStream_t s) {
+  DSV4_CHECK(in % 128 == 0, "act_quant_bf16_wgmma: needs whole 128-blocks");
+  const int64_t kb = in / 128;
+  if (rows * kb == 0) return;
+  quant_bf16_kernel<<<blocks_for(rows * kb), kWarps * 32, 0, s>>>(x, rows, ldx, y, ldy, kb);
   DSV4_CUDA_LAUNCH_CHECK();
 }
 

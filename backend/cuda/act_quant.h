@@ -2,6 +2,7 @@
 // 128 input channels, amax = max(|x|, 1e-4), s = 2^ceil(log2(amax/448)), q = e4m3(clamp(x/s, ±448)).
 // ceil(log2) is taken exactly from the fp32 bits of amax/448.
 #pragma once
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -14,6 +15,12 @@ namespace dsv4::cuda {
 // [32t + 8j, 32t + 8j + 8) — the operand order of the packed MoE kernels (moe_tiles.cuh).
 void act_quant_fp8(const float* x, int64_t rows, int64_t in, int64_t ldx, int64_t rows_pad, uint8_t* q, int64_t ldq,
                    float* scales, cudaStream_t s, bool mma_packed = false);
+
+// y [rows, ldy] = dequant(quant(x)) as bf16 (exact: an e4m3 value times a power of two), each
+// 128-block in the operand order of the wgmma expert kernels (moe_wgmma.cu): value 32j + 8q + u
+// goes to position 32j + 16 (u / 4) + 8 (u / 2 % 2) + 2q + u % 2. in % 128 == 0.
+void act_quant_bf16_wgmma(const float* x, int64_t rows, int64_t in, int64_t ldx, __nv_bfloat16* y, int64_t ldy,
+                          cudaStream_t s);
 
 // y = dequant(quant(x)) in fp32 (the values an FP8 GEMM sees); y == x allowed.
 void act_fake_quant_fp8(const float* x, int64_t rows, int64_t in, int64_t ldx, float* y, int64_t ldy, cudaStream_t s);

@@ -301,6 +301,16 @@ bool wide_tiles(int64_t pairs, int E) {
   return pairs >= static_cast<int64_t>(kMoeWideMinTokens) * E;
 }
 
+// Wide tiles on wgmma (moe_wgmma.cu) where the device and build have it, unless mode 1 asks
+// for the mma.sync ones.
+bool wgmma_tiles() {
+  static const bool available = wgmma_experts_available();
+  DSV4_CHECK(g_wide_mode != 2 || available,
+             "MoeRunner: wgmma expert tiles asked for (set_moe_wide_tiles(2)) but unavailable: they need an sm_90 "
+             "device and a build for CUDA arch 90a");
+  return available && g_wide_mode != 1;
+}
+
 unsigned blocks256(int64_t n) { return static_cast<unsigned>((n + 255) / 256); }
 
 void grow(DeviceBuffer& b, size_t bytes) { grow_scratch(b, bytes); }
@@ -316,7 +326,7 @@ struct MoeRunner::Impl {
     bool packed = false;   // weights re-laid by pack_fp4_for_mma: tensor-core path only
   };
   std::map<std::pair<const void*, size_t>, Table> tables;
-  DeviceBuffer slot_pair, tiles, n_tiles, H, G, V, Y, xq, xq8, xsc, hq8, hsc;
+  DeviceBuffer slot_pair, tiles, n_tiles, H, G, V, Y, xq, xq8, xsc, hq8, hsc, xb, hb;
 
   Table& table(const ExpertSet& set) {
     const size_t E = set.w1.size();
@@ -348,7 +358,9 @@ struct MoeRunner::Impl {
 };
 
 void set_moe_wide_tiles(int mode) {
-  DSV4_CHECK(mode >= -1 && mode <= 1, "set_moe_wide_tiles: -1 (8-token tiles), 0 (by size) or 1 (64-token tiles)");
+  DSV4_CHECK(mode >= -1 && mode <= 2,
+             "set_moe_wide_tiles: -1 (8-token tiles), 0 (by size), 1 (64-token mma.sync tiles) or 2 (64-token wgmma "
+             "tiles)");
   g_wide_mode = mode;
 }
 
@@ -456,6 +468,18 @@ void MoeRunner::run(const ExpertSet& set, const float* x, int64_t R, const int32
   group_kernel<<<1, 1024, 0, s>>>(experts, static_cast<int>(pairs), E, T, sp, tiles, nt);
   DSV4_CUDA_LAUNCH_CHECK();
 
+  if (wide && wgmma_tiles()) {
+    grow(m.xb, R * d * sizeof(__nv_bfloat16));
+    grow(m.hb, pairs * I * sizeof(__nv_bfloat16));
+    __nv_bfloat16 *xb = m.xb.as<__nv_bfloat16>(), *hb = m.hb.as<__nv_bfloat16>();
+    act_quant_bf16_wgmma(x, R, d, d, xb, d, s);
+    wgmma_gateup(tab, tiles, nt, max_tiles, sp, static_cast<int>(K), xb, d, I, limit, H, s);
+    act_quant_bf16_wgmma(H, pairs, I, I, hb, I, s);
+    wgmma_down(tab, tiles, nt, max_tiles, sp, hb, d, I, Y, s);
+    combine_kernel<<<blocks256(R * d), 256, 0, s>>>(Y, experts, weights, R, static_cast<int>(K), E, d, accumulate, out);
+    DSV4_CUDA_LAUNCH_CHECK();
+    return;
+  }
   if (mma) {
     const int64_t kbd = d / 128, kbi = I / 128;
     grow(m.xq8, R * d);

@@ -24,10 +24,13 @@ struct ExpertSet {
 // 1) and ctas_per_sm 2 (two K-blocks of loads in flight per warp) or 3 (default: one, more
 // warps). Every variant computes the same bits.
 void set_moe_mma_variant(int row_blocks, int ctas_per_sm);
-// Tile width of the tensor-core path on packed experts: 0 = by size (64-token tiles, moe_mma_wide.cu,
-// from an average of kMoeWideMinTokens tokens per expert; 8-token tiles below), 1 = always 64,
-// -1 = always 8. Same bits either way.
+// Tile width of the tensor-core path on packed experts: 0 = by size (64-token tiles from an
+// average of kMoeWideMinTokens tokens per expert, 8-token tiles below), -1 = always 8, 1 = always
+// 64 on mma.sync (moe_mma_wide.cu: the 8-token kernels' bits), 2 = always 64 on wgmma
+// (moe_wgmma.cu, an error where unavailable). By size, 64-token tiles run on wgmma where the
+// device (sm_90) and build (arch 90a) have it: same products, fp32 sums in another order.
 void set_moe_wide_tiles(int mode);
+bool moe_wgmma_available();
 constexpr int kMoeWideMinTokens = 64;
 
 class MoeRunner {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdio>
 #include <numeric>
 #include <string>
@@ -217,6 +218,54 @@ TEST(CudaMoe, PackedExpertsMatchStoredLayout) {
   const Experts fp8 = make_experts(Kind::FP8, 4, 256, 128);
   cuda::MoeRunner runner;
   EXPECT_FALSE(runner.pack_for_tensor_cores(fp8.dev, nullptr));
+}
+
+// 64-token tiles on wgmma (bf16 operands: the FP4 weights with their scales, the FP8-quantised
+// activations, both exact): the 8-token kernels' numbers up to the order of fp32 sums, and the
+// CPU formula. Outputs poisoned first (accumulate = false must write every element); at least
+// one element differs from the 8-token bits (the wgmma kernels ran, not a fallback).
+TEST(CudaMoe, WgmmaTilesMatchNarrowTiles) {
+  DSV4_REQUIRE_GPU();
+  if (!cuda::moe_wgmma_available()) GTEST_SKIP() << "wgmma expert tiles need an sm_90 device and an arch-90a build";
+  // 1280 / 1152: 10 and 9 128-blocks (the 6-stage ring wraps); R = 300: 75 tokens per expert
+  // (a full and a partial tile); R = 5: tiles of one or two tokens.
+  for (auto [E, d, I, K] : {std::array<int64_t, 4>{16, 256, 128, 4}, {8, 512, 384, 2}, {8, 1280, 1152, 2}}) {
+    Experts ex = make_experts(Kind::FP4, static_cast<int>(E), d, I);
+    cuda::MoeRunner runner;
+    ASSERT_TRUE(runner.pack_for_tensor_cores(ex.dev, nullptr));
+    for (int64_t R : {5, 300}) {
+      const std::vector<float> x = randn(static_cast<size_t>(R * d), 0.5f);
+      std::vector<int32_t> ids;
+      std::vector<float> w;
+      route(R, K, static_cast<int>(E), ids, w);
+      cuda::DeviceBuffer dx = cuda::to_device(x), de = cuda::to_device(ids), dw = cuda::to_device(w);
+      auto run = [&](int mode) {
+        cuda::set_moe_wide_tiles(mode);
+        cuda::DeviceBuffer dout(static_cast<size_t>(R * d) * 4);
+        dout.fill_bytes(0xFF);
+        runner.run(ex.dev, dx.as<float>(), R, de.as<int32_t>(), dw.as<float>(), K, 10.f, dout.as<float>(),
+                   cuda::Precision::Fast, nullptr, false);
+        EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        cuda::set_moe_wide_tiles(0);
+        return cuda::to_host<float>(dout, static_cast<size_t>(R * d));
+      };
+      const std::vector<float> narrow = run(-1), wg = run(2);
+      std::vector<float> ref(static_cast<size_t>(R * d), 0.f);
+      cpu_moe(ex, x, R, ids, w, K, 10.f, true, ref);
+      size_t diff = 0, bad = 0;
+      for (size_t i = 0; i < wg.size(); ++i) {
+        diff += wg[i] != narrow[i];
+        bad += !std::isfinite(wg[i]);
+      }
+      const double vs_narrow = rel_error(wg, narrow), vs_cpu = rel_error(wg, ref), narrow_cpu = rel_error(narrow, ref);
+      std::printf("moe wgmma d=%lld I=%lld R=%lld: vs 8-token %.2e, vs cpu %.2e (8-token vs cpu %.2e), %zu differ\n",
+                  (long long)d, (long long)I, (long long)R, vs_narrow, vs_cpu, narrow_cpu, diff);
+      EXPECT_EQ(bad, 0u) << "d=" << d << " R=" << R << ": unwritten or non-finite outputs";
+      EXPECT_LE(vs_narrow, 2e-3) << "d=" << d << " I=" << I << " R=" << R;
+      EXPECT_LE(vs_cpu, std::max(1e-2, 2 * narrow_cpu)) << "d=" << d << " I=" << I << " R=" << R;
+      EXPECT_GT(diff, 0u) << "d=" << d << " R=" << R << ": wgmma output bitwise equal to the 8-token kernels";
+    }
+  }
 }
 
 }  // namespace

@@ -1,0 +1,289 @@
+// Routed experts at prefill sizes on Hopper's warpgroup MMA (wgmma, sm_90a) with bf16 operands.
+// The 64-token mma.sync tiles (moe_mma_wide.cu) ran at ~100 TFLOP/s: sm_90 emulates the e4m3
+// mma.sync (f16 conversion of both operands per mma), so they are instruction-bound. Here
+// each e2m1 weight is converted once per tile into bf16 with its E8M0 group scale folded in
+// (exact: e2m1 x 2^k has 2 significant bits), the activations arrive as bf16 values of their
+// FP8 quantisation (act_quant_bf16_wgmma: e4m3 code x power-of-two scale, also exact), and
+// wgmma multiplies them with fp32 accumulation. The products are the FP8/FP4 formula's
+// products; only the order of the fp32 sums differs from the other Fast kernels.
+//
+// CTA: two warpgroups, 64 weight rows each (128 rows), one tile of <= 64 tokens. A stage holds
+// one 128-block of K: the tile's activations (bf16, core-matrix order for the B descriptor), the
+// CTA's packed FP4 rows and their E8M0 bytes, all copied by cp.async kStages - 2 blocks ahead.
+// A warp converts its 16 rows' weights (registers, the A fragments) half a block at a time,
+// while the previous half's wgmmas run.
+#include <cuda_bf16.h>
+
+#include "backend/cuda/check.h"
+#include "backend/cuda/cp_async.cuh"
+#include "backend/cuda/moe_tiles.cuh"
+#include "backend/cuda/wgmma.cuh"
+
+namespace dsv4::cuda::detail {
+namespace {
+
+constexpr int kWarpgroups = 2;
+constexpr int kCtaRows = 64 * kWarpgroups;
+constexpr int kTokens = kMmaWideTokens;
+// Stages: gate/up (two weights) 6 x 33 KB, one CTA per SM by its registers; down 4 x 24.5 KB, two.
+template <int NM>
+constexpr int kStages = NM == 2 ? 6 : 4;
+// B operand of one 128-block: token group tg (8 tokens) x 16-byte chunk c (8 positions) is the
+// core matrix at tg * kSbo + c * kLbo, token t % 8 at 16 (t % 8) in it.
+constexpr uint32_t kLbo = 128, kSbo = 16 * 128;
+static_assert(kSbo == 128 / 8 * kLbo, "one token group holds the block's 16 chunks");
+
+template <int NM>
+struct Stage {
+  uint8_t act[kTokens / 8 * kSbo];  // bf16 activations, core-matrix order
+  uint8_t w[NM][kCtaRows][64];      // packed FP4 (pack_fp4_for_mma) 128 values per row
+  uint32_t e[NM][kCtaRows];         // E8M0 bytes of the block's 4 groups per row
+};
+
+template <int NM>
+constexpr size_t wgmma_smem() {
+  return kStages<NM> * sizeof(Stage<NM>) + sizeof(int32_t) * kTokens;
+}
+
+// Copies block kb into a stage (every thread of the CTA; one cp.async group). Activation chunk
+// i of the tile goes to byte 16 i: token 8 (i / 128) + i % 8, chunk i / 8 % 16.
+template <int NM>
+__device__ __forceinline__ void stage_block(Stage<NM>& st, const __nv_bfloat16* x, int64_t ld, const int32_t* col_row,
+                                            int groups, const uint8_t* const (&w)[NM], const uint8_t* const (&e)[NM],
+                                            int64_t rb, int64_t sc, int64_t kb) {
+  for (int i = threadIdx.x; i < groups * 128; i += blockDim.x) {
+    const int t = (i >> 7) * 8 + (i & 7), c = (i >> 3) & 15;
+    cp_async16(st.act + 16 * i, x + static_cast<int64_t>(col_row[t]) * ld + kb * 128 + 8 * c);
+  }
+#pragma unroll
+  for (int m = 0; m < NM; ++m) {
+    for (int i = threadIdx.x; i < kCtaRows * 4; i += blockDim.x)
+      cp_async16(&st.w[m][i >> 2][16 * (i & 3)], w[m] + (i >> 2) * rb + kb * 64 + 16 * (i & 3));
+    for (int r = threadIdx.x; r < kCtaRows; r += blockDim.x) cp_async4(&st.e[m][r], e[m] + r * sc + kb * 4);
+  }
+  cp_async_commit();
+}
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
+  uint32_t r;
+  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+
+// 2^(E - 127) as bf16 in both halves (E = 0: the subnormal 2^-127).
+__device__ __forceinline__ uint32_t e8m0_bf16x2(uint32_t e) {
+  const uint32_t b = e == 0 ? 0x0040u : e << 7;
+  return b | b << 16;
+}
+
+// Eight e2m1 (element 2i in the low nibble of byte i) x scale -> four bf16 pairs (elements 2i,
+// 2i + 1 in r[i]). Magnitudes through byte lookups (prmt): high and low bytes of the bf16 of
+// 0, 0.5, 1, 1.5, 2, 3, 4, 6; the sign bits moved to bit 7 of the high bytes.
+__device__ __forceinline__ void e2m1x8_bf16(uint32_t w, uint32_t scale, uint32_t (&r)[4]) {
+  constexpr uint32_t kHi0 = 0x3F3F3F00u, kHi1 = 0x40404040u, kLo0 = 0xC0800000u, kLo1 = 0xC0804000u;
+  const uint32_t m = w & 0x77777777u, m2 = m >> 16;
+  const uint32_t ev = w << 4;  // even elements' signs at bit 7 of their byte; odd ones are there in w
+  const uint32_t h03 = __byte_perm(kHi0, kHi1, m) | (__byte_perm(ev, w, 0x5140) & 0x80808080u);
+  const uint32_t h47 = __byte_perm(kHi0, kHi1, m2) | (__byte_perm(ev, w, 0x7362) & 0x80808080u);
+  const uint32_t l03 = __byte_perm(kLo0, kLo1, m), l47 = __byte_perm(kLo0, kLo1, m2);
+  r[0] = bf16x2_mul(__byte_perm(l03, h03, 0x5140), scale);
+  r[1] = bf16x2_mul(__byte_perm(l03, h03, 0x7362), scale);
+  r[2] = bf16x2_mul(__byte_perm(l47, h47, 0x5140), scale);
+  r[3] = bf16x2_mul(__byte_perm(l47, h47, 0x7362), scale);
+}
+
+__device__ __forceinline__ uint32_t word(const uint4& v, int j) { return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w; }
+
+// Half HALF of a stage's block: the A fragments of k16 steps 4 HALF .. 4 HALF + 3 for this warp's
+// rows (lr, lr + 8 local to the CTA) and NM weights, then their wgmmas as one group. Thread q's
+// word j of a row holds values 32j + 8q .. + 7 of the block (pack_fp4_for_mma); as the A fragment
+// of steps 2j, 2j + 1 they are positions 16h + 2q + {0, 1, 8, 9} (h = 0, 1), and the activations
+// are laid in that order (act_quant_bf16_wgmma).
+template <int NM, int HALF>
+__device__ __forceinline__ void half_block(const Stage<NM>& st, int lr, bool first, float (&acc)[NM][32]) {
+  const int q = threadIdx.x & 3;
+  uint32_t a[4][NM][4];
+#pragma unroll
+  for (int m = 0; m < NM; ++m) {
+    const uint4 wa = *reinterpret_cast<const uint4*>(&st.w[m][lr][16 * q]);
+    const uint4 wb = *reinterpret_cast<const uint4*>(&st.w[m][lr + 8][16 * q]);
+    const uint32_t ea = st.e[m][lr], eb = st.e[m][lr + 8];
+#pragma unroll
+    for (int jj = 0; jj < 2; ++jj) {
+      const int j = 2 * HALF + jj;
+      uint32_t ra[4], rb[4];
+      e2m1x8_bf16(word(wa, j), e8m0_bf16x2((ea >> (8 * j)) & 0xFFu), ra);
+      e2m1x8_bf16(word(wb, j), e8m0_bf16x2((eb >> (8 * j)) & 0xFFu), rb);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        a[2 * jj + h][m][0] = ra[2 * h];
+        a[2 * jj + h][m][1] = rb[2 * h];
+        a[2 * jj + h][m][2] = ra[2 * h + 1];
+        a[2 * jj + h][m][3] = rb[2 * h + 1];
+      }
+    }
+  }
+  wgmma_fence();
+#pragma unroll
+  for (int s = 0; s < 4; ++s)
+#pragma unroll
+    for (int m = 0; m < NM; ++m)
+      wgmma_m64n64k16_bf16_rs(acc[m], a[s][m], wgmma_desc(st.act + (4 * HALF + s) * 2 * kLbo, kLbo, kSbo),
+                              !(first && s == 0));
+  wgmma_commit();
+}
+
+// acc[m] = W_m[rows of this warp] · x[tile columns] over all nkb >= 1 128-blocks (every thread of
+// the CTA calls it). w/e: the CTA's first row of each weight and of its scales. The first wgmma
+// starts the accumulators from zero (registers set by other instructions inside the wgmma
+// pipeline make ptxas serialise it).
+template <int NM>
+__device__ __forceinline__ void wgmma_rows_times_tile(unsigned char* smem, const uint8_t* const (&w)[NM],
+                                                      const uint8_t* const (&e)[NM], int64_t rb, int64_t sc,
+                                                      const __nv_bfloat16* x, int64_t ld, const int32_t* col_row,
+                                                      int count, int64_t nkb, float (&acc)[NM][32]) {
+  Stage<NM>* st = reinterpret_cast<Stage<NM>*>(smem);
+  const int groups = (count + 7) / 8;
+  const int lr = (threadIdx.x >> 5) * 16 + ((threadIdx.x & 31) >> 2);  // warp w of the CTA: rows 16w..
+  for (int b = 0; b < kStages<NM> - 2; ++b) {
+    if (b < nkb)
+      stage_block(st[b], x, ld, col_row, groups, w, e, rb, sc, b);
+    else
+      cp_async_commit();
+  }
+  for (int64_t kb = 0; kb < nkb; ++kb) {
+    wgmma_wait<1>();  // this warpgroup's wgmmas of block kb - 2 (and half 0 of kb - 1) are done
+    cp_async_wait<kStages<NM> - 3>();
+    fence_proxy_async_smem();
+    __syncthreads();  // block kb is in shared memory; both warpgroups are done with block kb - 2
+    const int64_t nb = kb + kStages<NM> - 2;
+    if (nb < nkb)
+      stage_block(st[nb % kStages<NM>], x, ld, col_row, groups, w, e, rb, sc, nb);
+    else
+      cp_async_commit();
+    const Stage<NM>& cur = st[kb % kStages<NM>];
+    half_block<NM, 0>(cur, lr, kb == 0, acc);
+    wgmma_wait<1>();  // half 1 of block kb - 1 is done: its fragment registers are free
+    half_block<NM, 1>(cur, lr, false, acc);
+  }
+  wgmma_wait<0>();
+#pragma unroll
+  for (int m = 0; m < NM; ++m) wgmma_pin(acc[m]);
+}
+
+// Row (local to the CTA) and column of this thread's accumulator i (wgmma.cuh).
+__device__ __forceinline__ int acc_row(int i) {
+  return (threadIdx.x >> 5) * 16 + ((threadIdx.x & 31) >> 2) + ((i >> 1) & 1) * 8;
+}
+__device__ __forceinline__ int acc_col(int i) { return 8 * (i >> 2) + 2 * (threadIdx.x & 3) + (i & 1); }
+
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+__global__ void __launch_bounds__(kWarpgroups * 128, 1)
+    gateup_wgmma_kernel(const DevWeight* __restrict__ tab, const MoeTile* __restrict__ tiles,
+                        const int32_t* __restrict__ n_tiles, const int32_t* __restrict__ slot_pair, int K,
+                        const __nv_bfloat16* __restrict__ xb, int64_t d, int64_t I, float limit,
+                        float* __restrict__ H) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ __align__(128) unsigned char smem[];
+  if (static_cast<int>(blockIdx.y) >= *n_tiles) return;
+  const MoeTile t = tiles[blockIdx.y];
+  int32_t* col_row = reinterpret_cast<int32_t*>(smem + kStages<2> * sizeof(Stage<2>));
+  for (int c = threadIdx.x; c < kTokens; c += blockDim.x) col_row[c] = slot_pair[t.start + (c < t.count ? c : 0)] / K;
+  __syncthreads();
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kCtaRows;
+  const DevWeight &w1 = tab[3 * t.expert], &w3 = tab[3 * t.expert + 2];
+  const int64_t rb = d / 2, sc = w1.scale_cols;
+  const uint8_t* const w[2] = {w1.data + r0 * rb, w3.data + r0 * rb};
+  const uint8_t* const e[2] = {w1.scale + r0 * sc, w3.scale + r0 * sc};
+  float acc[2][32];
+  wgmma_rows_times_tile<2>(smem, w, e, rb, sc, xb, d, col_row, t.count, d / 128, acc);
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    const int col = acc_col(i);
+    if (col < t.count)
+      H[static_cast<int64_t>(t.start + col) * I + r0 + acc_row(i)] = swiglu_clamped(acc[0][i], acc[1][i], limit);
+  }
+#endif
+}
+
+__global__ void __launch_bounds__(kWarpgroups * 128, 2)
+    down_wgmma_kernel(const DevWeight* __restrict__ tab, const MoeTile* __restrict__ tiles,
+                      const int32_t* __restrict__ n_tiles, const int32_t* __restrict__ slot_pair,
+                      const __nv_bfloat16* __restrict__ hb, int64_t d, int64_t I, float* __restrict__ Y) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ __align__(128) unsigned char smem[];
+  if (static_cast<int>(blockIdx.y) >= *n_tiles) return;
+  const MoeTile t = tiles[blockIdx.y];
+  int32_t* col_row = reinterpret_cast<int32_t*>(smem + kStages<1> * sizeof(Stage<1>));
+  for (int c = threadIdx.x; c < kTokens; c += blockDim.x) col_row[c] = t.start + (c < t.count ? c : 0);
+  __syncthreads();
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kCtaRows;
+  const DevWeight& w2 = tab[3 * t.expert + 1];
+  const int64_t rb = I / 2, sc = w2.scale_cols;
+  const uint8_t* const w[1] = {w2.data + r0 * rb};
+  const uint8_t* const e[1] = {w2.scale + r0 * sc};
+  float acc[1][32];
+  wgmma_rows_times_tile<1>(smem, w, e, rb, sc, hb, I, col_row, t.count, I / 128, acc);
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    const int col = acc_col(i);
+    if (col < t.count) Y[static_cast<int64_t>(slot_pair[t.start + col]) * d + r0 + acc_row(i)] = acc[0][i];
+  }
+#endif
+}
+
+template <typename Kernel>
+void set_smem(Kernel k, size_t bytes) {
+  DSV4_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+}
+
+}  // namespace
+
+}  // namespace dsv4::cuda::detail
+
+namespace dsv4::cuda {
+bool moe_wgmma_available() { return detail::wgmma_experts_available(); }
+}  // namespace dsv4::cuda
+
+namespace dsv4::cuda::detail {
+
+bool wgmma_experts_available() {
+#if defined(DSV4_CUDA_SM90A)
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return false;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess)
+    return false;
+  return major == 9 && minor == 0;
+#else
+  return false;
+#endif
+}
+
+void wgmma_gateup(const DevWeight* tab, const MoeTile* tiles, const int32_t* n_tiles, unsigned max_tiles,
+                  const int32_t* slot_pair, int K, const __nv_bfloat16* xb, int64_t d, int64_t I, float limit,
+                  float* H, cudaStream_t s) {
+  DSV4_CHECK(wgmma_experts_available(), "wgmma_gateup: needs an sm_90 device and a build for arch 90a");
+  DSV4_CHECK(I % kCtaRows == 0 && d % 128 == 0, "wgmma_gateup: d and I must be multiples of 128");
+  constexpr size_t smem = wgmma_smem<2>();
+  set_smem(gateup_wgmma_kernel, smem);
+  gateup_wgmma_kernel<<<dim3(static_cast<unsigned>(I / kCtaRows), max_tiles), kWarpgroups * 128, smem, s>>>(
+      tab, tiles, n_tiles, slot_pair, K, xb, d, I, limit, H);
+  DSV4_CUDA_LAUNCH_CHECK();
+}
+
+void wgmma_down(const DevWeight* tab, const MoeTile* tiles, const int32_t* n_tiles, unsigned max_tiles,
+                const int32_t* slot_pair, const __nv_bfloat16* hb, int64_t d, int64_t I, float* Y, cudaStream_t s) {
+  DSV4_CHECK(wgmma_experts_available(), "wgmma_down: needs an sm_90 device and a build for arch 90a");
+  DSV4_CHECK(d % kCtaRows == 0 && I % 128 == 0, "wgmma_down: d and I must be multiples of 128");
+  constexpr size_t smem = wgmma_smem<1>();
+  set_smem(down_wgmma_kernel, smem);
+  down_wgmma_kernel<<<dim3(static_cast<unsigned>(d / kCtaRows), max_tiles), kWarpgroups * 128, smem, s>>>(
+      tab, tiles, n_tiles, slot_pair, hb, d, I, Y);
+  DSV4_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace dsv4::cuda::detail
