@@ -245,7 +245,8 @@ void bench_moe() {
       };
       const std::vector<Variant> all = {
           {0, 3, 0, ""}, {1, 3, 0, " rb1"}, {4, 3, 0, " rb4"}, {0, 2, 0, " occ2"}, {1, 2, 0, " rb1 occ2"}};
-      const std::vector<Variant> tiles = {{0, 3, 0, ""}, {0, 3, -1, " 8-token tiles"}, {0, 3, 1, " 64-token tiles"}};
+      std::vector<Variant> tiles = {{0, 3, 0, ""}, {0, 3, -1, " 8-token tiles"}, {0, 3, 1, " 64-token tiles"}};
+      if (dsv4::cuda::moe_wgmma_available()) tiles.push_back({0, 3, 2, " 64-token wgmma tiles"});
       const std::vector<Variant> variants = !packed ? std::vector<Variant>{all[0]} : R < 256 ? all : tiles;
       for (const Variant& v : variants) {
         const int rb = v.rb;

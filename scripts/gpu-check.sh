@@ -9,6 +9,8 @@
 # bench, plus bench_ops (attention, indexer top-k at 16k / 64k / 256k entries).
 # step: ncu kernel durations of one decode step (scripts/ncu_step_summary.py).
 # ops: bench_ops attention + indexer with the async scratch pool released / kept.
+# moe: only the MoE test binary, bench_linear moe and `dsv4 bench --profile` (built alone: quick
+# iterations on the expert kernels), with memcheck on the wgmma test.
 # moe-profile: ncu sections (bandwidth, stalls, occupancy) of the tensor-core MoE kernels at 1 and 64
 # tokens, of the FP8 tensor-core GEMV (wq_b, 1 row) and of the small kernels of a decode step.
 set -uo pipefail
@@ -33,7 +35,9 @@ if ! cmake -S . -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DDSV4_CUDA=O
      -DCMAKE_CUDA_COMPILER="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)" >"$LOG/configure.log" 2>&1; then
   tail -30 "$LOG/configure.log"; cp "$LOG/configure.log" "$OUT/"; echo "configure FAILED"; exit 1
 fi
-if ! cmake --build "$BUILD" -j"$JOBS" >"$LOG/build.log" 2>&1; then
+targets=()
+[[ "$MODE" == moe ]] && targets=(--target cuda_moe_test bench_linear dsv4)
+if ! cmake --build "$BUILD" -j"$JOBS" "${targets[@]}" >"$LOG/build.log" 2>&1; then
   grep -E "error|Error" "$LOG/build.log" | head -40; cp "$LOG/build.log" "$OUT/"; echo "build FAILED"; exit 1
 fi
 summary+=("build ok")
@@ -83,6 +87,24 @@ if [[ "$MODE" == ops ]]; then
   summary+=("bench_ops (pool released): rc=$?")
   timeout 200 "$BUILD/bench/bench_ops" attention indexer >"$LOG/bench_ops.log" 2>&1
   summary+=("bench_ops: rc=$?")
+  save
+fi
+
+if [[ "$MODE" == moe ]]; then
+  timeout 200 "$BUILD/tests/cuda/cuda_moe_test" >"$LOG/moe-test.log" 2>&1
+  summary+=("cuda_moe_test: rc=$? $(grep -E 'PASSED|FAILED' "$LOG/moe-test.log" | tr '\n' ' ')")
+  grep -E "moe wgmma|Failure|Expected|Which is|error" "$LOG/moe-test.log" | head -40 >"$LOG/moe-test-summary.log"
+  timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 "$BUILD/tests/cuda/cuda_moe_test" \
+    --gtest_filter='*Wgmma*' >"$LOG/sanitizer-moe-wgmma.log" 2>&1
+  summary+=("memcheck wgmma: rc=$? $(grep -E 'ERROR SUMMARY' "$LOG/sanitizer-moe-wgmma.log" | tail -1)")
+  cp "$LOG/moe-test-summary.log" "$OUT/" 2>/dev/null
+  save
+  timeout 200 "$BUILD/bench/bench_linear" moe >"$LOG/bench_linear.log" 2>&1
+  summary+=("bench_linear moe: rc=$?")
+  timeout 200 "$BUILD/tools/dsv4" bench --preset v4-flash --layers 8 --random-weights --batches 1,16,64 --profile \
+    >"$LOG/e2e-profile.log" 2>&1
+  summary+=("dsv4 bench --profile: rc=$?")
+  cp "$LOG/e2e-profile.log" "$LOG/bench_linear.log" "$OUT/" 2>/dev/null
   save
 fi
 
