@@ -294,21 +294,28 @@ __global__ void combine_kernel(const float* __restrict__ Y, const int32_t* __res
 
 int g_wide_mode = 0;  // set_moe_wide_tiles
 
-// 64-token tiles once experts average kMoeWideMinTokens tokens: below that most tiles would
-// hold one 8-token group and run on an eighth of the 8-token kernels' CTAs.
-bool wide_tiles(int64_t pairs, int E) {
-  if (g_wide_mode != 0) return g_wide_mode > 0;
-  return pairs >= static_cast<int64_t>(kMoeWideMinTokens) * E;
-}
-
 // Wide tiles on wgmma (moe_wgmma.cu) where the device and build have it, unless mode 1 asks
 // for the mma.sync ones.
 bool wgmma_tiles() {
   static const bool available = wgmma_experts_available();
-  DSV4_CHECK(g_wide_mode != 2 || available,
-             "MoeRunner: wgmma expert tiles asked for (set_moe_wide_tiles(2)) but unavailable: they need an sm_90 "
-             "device and a build for CUDA arch 90a");
+  DSV4_CHECK(g_wide_mode < 2 || available,
+             "MoeRunner: wgmma expert tiles asked for (set_moe_wide_tiles(2 or 3)) but unavailable: they need an "
+             "sm_90 device and a build for CUDA arch 90a");
   return available && g_wide_mode != 1;
+}
+
+// Wide tiles once experts average kMoeWgmmaMinTokens (wgmma) or kMoeWideMinTokens (mma.sync)
+// tokens: below that most tiles hold one 8-token group and run on an eighth of the 8-token
+// kernels' CTAs.
+bool wide_tiles(int64_t pairs, int E) {
+  if (g_wide_mode != 0) return g_wide_mode > 0;
+  return pairs >= static_cast<int64_t>(wgmma_tiles() ? kMoeWgmmaMinTokens : kMoeWideMinTokens) * E;
+}
+
+// Tokens per wgmma tile: 128 from an average of kMoeWgmma128MinTokens per expert.
+int wgmma_tile_tokens(int64_t pairs, int E) {
+  if (g_wide_mode >= 2) return g_wide_mode == 3 ? 128 : 64;
+  return pairs >= static_cast<int64_t>(kMoeWgmma128MinTokens) * E ? 128 : 64;
 }
 
 unsigned blocks256(int64_t n) { return static_cast<unsigned>((n + 255) / 256); }
@@ -358,9 +365,9 @@ struct MoeRunner::Impl {
 };
 
 void set_moe_wide_tiles(int mode) {
-  DSV4_CHECK(mode >= -1 && mode <= 2,
-             "set_moe_wide_tiles: -1 (8-token tiles), 0 (by size), 1 (64-token mma.sync tiles) or 2 (64-token wgmma "
-             "tiles)");
+  DSV4_CHECK(mode >= -1 && mode <= 3,
+             "set_moe_wide_tiles: -1 (8-token tiles), 0 (by size), 1 (64-token mma.sync tiles), 2 / 3 (64- / "
+             "128-token wgmma tiles)");
   g_wide_mode = mode;
 }
 
@@ -449,7 +456,12 @@ void MoeRunner::run(const ExpertSet& set, const float* x, int64_t R, const int32
     return;
   }
   const bool wide = mma && tb.packed && wide_tiles(pairs, E);
-  const int T = wide ? kMmaWideTokens : mma ? kMmaTileTokens : gemv ? kGemvTile : kTileM;
+  const bool wgmma = wide && wgmma_tiles();
+  const int T = wgmma ? wgmma_tile_tokens(pairs, E)
+                : wide ? kMmaWideTokens
+                : mma  ? kMmaTileTokens
+                : gemv ? kGemvTile
+                       : kTileM;
   const unsigned max_tiles = static_cast<unsigned>(tiles_for(pairs, T));
   DSV4_CHECK(max_tiles < 65536u, "MoeRunner: tile grid too large (R too big for one call)");
 
@@ -468,14 +480,14 @@ void MoeRunner::run(const ExpertSet& set, const float* x, int64_t R, const int32
   group_kernel<<<1, 1024, 0, s>>>(experts, static_cast<int>(pairs), E, T, sp, tiles, nt);
   DSV4_CUDA_LAUNCH_CHECK();
 
-  if (wide && wgmma_tiles()) {
+  if (wgmma) {
     grow(m.xb, R * d * sizeof(__nv_bfloat16));
     grow(m.hb, pairs * I * sizeof(__nv_bfloat16));
     __nv_bfloat16 *xb = m.xb.as<__nv_bfloat16>(), *hb = m.hb.as<__nv_bfloat16>();
     act_quant_bf16_wgmma(x, R, d, d, xb, d, s);
-    wgmma_gateup(tab, tiles, nt, max_tiles, sp, static_cast<int>(K), xb, d, I, limit, H, s);
+    wgmma_gateup(T, tab, tiles, nt, max_tiles, sp, static_cast<int>(K), xb, d, I, limit, H, s);
     act_quant_bf16_wgmma(H, pairs, I, I, hb, I, s);
-    wgmma_down(tab, tiles, nt, max_tiles, sp, hb, d, I, Y, s);
+    wgmma_down(T, tab, tiles, nt, max_tiles, sp, hb, d, I, Y, s);
     combine_kernel<<<blocks256(R * d), 256, 0, s>>>(Y, experts, weights, R, static_cast<int>(K), E, d, accumulate, out);
     DSV4_CUDA_LAUNCH_CHECK();
     return;

@@ -24,14 +24,21 @@ struct ExpertSet {
 // 1) and ctas_per_sm 2 (two K-blocks of loads in flight per warp) or 3 (default: one, more
 // warps). Every variant computes the same bits.
 void set_moe_mma_variant(int row_blocks, int ctas_per_sm);
-// Tile width of the tensor-core path on packed experts: 0 = by size (64-token tiles from an
-// average of kMoeWideMinTokens tokens per expert, 8-token tiles below), -1 = always 8, 1 = always
-// 64 on mma.sync (moe_mma_wide.cu: the 8-token kernels' bits), 2 = always 64 on wgmma
-// (moe_wgmma.cu, an error where unavailable). By size, 64-token tiles run on wgmma where the
-// device (sm_90) and build (arch 90a) have it: same products, fp32 sums in another order.
+// Tile width of the tensor-core path on packed experts: 0 = by size (wide tiles from an average
+// of kMoeWgmmaMinTokens (wgmma) / kMoeWideMinTokens tokens per expert, 8-token tiles below), -1 =
+// always 8, 1 = always 64 on mma.sync (moe_mma_wide.cu: the 8-token kernels' bits), 2 / 3 =
+// always 64 / 128 on wgmma (moe_wgmma.cu, an error where unavailable). By size, wide tiles run on
+// wgmma where the device (sm_90) and build (arch 90a) have it (same products, fp32 sums in
+// another order), with 128 tokens from an average of kMoeWgmma128MinTokens.
 void set_moe_wide_tiles(int mode);
 bool moe_wgmma_available();
+// From bench_linear moe (K = 6 of 256 experts, packed; 2026-12-04): 8-token tiles win at 6 tokens
+// per expert (256 tokens: 1.87 vs 2.55 ms on 64-token wgmma tiles), wgmma from 12 (512: 2.70 vs
+// 3.00 ms); 128-token wgmma tiles at 96 (4096: 5.61 vs 6.76 ms) but not at 48 (2048: 4.05 vs 3.50);
+// mma.sync 64-token tiles only from ~64 (2048: 6.83 vs 9.74 ms; 1024: 5.50 vs 5.24).
 constexpr int kMoeWideMinTokens = 64;
+constexpr int kMoeWgmmaMinTokens = 12;
+constexpr int kMoeWgmma128MinTokens = 64;
 
 class MoeRunner {
  public:

@@ -51,15 +51,17 @@ void mma_down_wide(const DevWeight* tab, const MoeTile* tiles, const int32_t* n_
                    const int32_t* slot_pair, const uint8_t* hq, const float* hs, int64_t ldhs, int64_t d, int64_t I,
                    float* Y, cudaStream_t s);
 
-// The wgmma kernels (moe_wgmma.cu; same tiles, packed weights, bf16 activations from
-// act_quant_bf16_wgmma: xb [rows, d], hb [slots, I]). Available on an sm_90 device in a build for
-// arch 90a; they sum in another order than the kernels above (not the same bits).
+// The wgmma kernels (moe_wgmma.cu; tiles of tile_tokens = 64 or 128 tokens, packed weights, bf16
+// activations from act_quant_bf16_wgmma: xb [rows, d], hb [slots, I]). Available on an sm_90
+// device in a build for arch 90a; they sum in another order than the kernels above (not the same
+// bits).
 bool wgmma_experts_available();
-void wgmma_gateup(const DevWeight* tab, const MoeTile* tiles, const int32_t* n_tiles, unsigned max_tiles,
-                  const int32_t* slot_pair, int K, const __nv_bfloat16* xb, int64_t d, int64_t I, float limit,
-                  float* H, cudaStream_t s);
-void wgmma_down(const DevWeight* tab, const MoeTile* tiles, const int32_t* n_tiles, unsigned max_tiles,
-                const int32_t* slot_pair, const __nv_bfloat16* hb, int64_t d, int64_t I, float* Y, cudaStream_t s);
+void wgmma_gateup(int tile_tokens, const DevWeight* tab, const MoeTile* tiles, const int32_t* n_tiles,
+                  unsigned max_tiles, const int32_t* slot_pair, int K, const __nv_bfloat16* xb, int64_t d, int64_t I,
+                  float limit, float* H, cudaStream_t s);
+void wgmma_down(int tile_tokens, const DevWeight* tab, const MoeTile* tiles, const int32_t* n_tiles,
+                unsigned max_tiles, const int32_t* slot_pair, const __nv_bfloat16* hb, int64_t d, int64_t I, float* Y,
+                cudaStream_t s);
 
 // h = silu(min(g, L)) * clamp(v, ±L) (limit <= 0: plain SwiGLU), every expert kernel's epilogue.
 __device__ __forceinline__ float swiglu_clamped(float g, float v, float limit) {

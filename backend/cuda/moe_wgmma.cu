@@ -7,11 +7,17 @@
 // wgmma multiplies them with fp32 accumulation. The products are the FP8/FP4 formula's
 // products; only the order of the fp32 sums differs from the other Fast kernels.
 //
-// CTA: two warpgroups, 64 weight rows each (128 rows), one tile of <= 64 tokens. A stage holds
+// CTA: two warpgroups, 64 weight rows each (128 rows), one tile of <= TOK tokens. A stage holds
 // one 128-block of K: the tile's activations (bf16, core-matrix order for the B descriptor), the
-// CTA's packed FP4 rows and their E8M0 bytes, all copied by cp.async kStages - 2 blocks ahead.
-// A warp converts its 16 rows' weights (registers, the A fragments) half a block at a time,
-// while the previous half's wgmmas run.
+// CTA's packed FP4 rows and their E8M0 bytes, all copied by cp.async kStages - 2 blocks ahead. A
+// warp converts its 16 rows' weights (registers, the A fragments) a commit group at a time while
+// the previous group's wgmmas run. The conversion is the kernel's main cost (ncu: issue-bound at
+// 1.8 instructions per cycle with 2 warps per scheduler), so large calls take TOK = 128 tiles
+// (m64n128k16, m64n64k16 for a tile of <= 64; groups of 32 K to fit the registers): half the
+// conversions per product. Smaller calls, whose tiles hold few tokens anyway, keep TOK = 64
+// (groups of 64 K, the down kernel at two CTAs per SM), which measured faster there. (A form that
+// converted into shared memory once per CTA for both warpgroups, SS wgmma, ran 1.7-2.8x slower:
+// two barriers and a proxy fence per half block.)
 #include <cuda_bf16.h>
 
 #include "backend/cuda/check.h"
@@ -24,31 +30,34 @@ namespace {
 
 constexpr int kWarpgroups = 2;
 constexpr int kCtaRows = 64 * kWarpgroups;
-constexpr int kTokens = kMmaWideTokens;
-// Stages: gate/up (two weights) 6 x 33 KB, one CTA per SM by its registers; down 4 x 24.5 KB, two.
-template <int NM>
-constexpr int kStages = NM == 2 ? 6 : 4;
+// Stages: TOK 128: gate/up (two weights) 4 x 49 KB, down 5 x 40.5 KB, one CTA per SM; TOK 64:
+// gate/up 6 x 33 KB (one CTA per SM by its registers), down 4 x 24.5 KB (two).
+template <int NM, int TOK>
+constexpr int kStages = TOK == 128 ? (NM == 2 ? 4 : 5) : (NM == 2 ? 6 : 4);
+// 32-groups of K per wgmma commit group.
+template <int TOK>
+constexpr int kGroupsPerCommit = TOK == 128 ? 1 : 2;
 // B operand of one 128-block: token group tg (8 tokens) x 16-byte chunk c (8 positions) is the
 // core matrix at tg * kSbo + c * kLbo, token t % 8 at 16 (t % 8) in it.
 constexpr uint32_t kLbo = 128, kSbo = 16 * 128;
 static_assert(kSbo == 128 / 8 * kLbo, "one token group holds the block's 16 chunks");
 
-template <int NM>
+template <int NM, int TOK>
 struct Stage {
-  uint8_t act[kTokens / 8 * kSbo];  // bf16 activations, core-matrix order
+  uint8_t act[TOK / 8 * kSbo];      // bf16 activations, core-matrix order
   uint8_t w[NM][kCtaRows][64];      // packed FP4 (pack_fp4_for_mma) 128 values per row
   uint32_t e[NM][kCtaRows];         // E8M0 bytes of the block's 4 groups per row
 };
 
-template <int NM>
+template <int NM, int TOK>
 constexpr size_t wgmma_smem() {
-  return kStages<NM> * sizeof(Stage<NM>) + sizeof(int32_t) * kTokens;
+  return kStages<NM, TOK> * sizeof(Stage<NM, TOK>) + sizeof(int32_t) * TOK;
 }
 
 // Copies block kb into a stage (every thread of the CTA; one cp.async group). Activation chunk
 // i of the tile goes to byte 16 i: token 8 (i / 128) + i % 8, chunk i / 8 % 16.
-template <int NM>
-__device__ __forceinline__ void stage_block(Stage<NM>& st, const __nv_bfloat16* x, int64_t ld, const int32_t* col_row,
+template <int NM, int TOK>
+__device__ __forceinline__ void stage_block(Stage<NM, TOK>& st, const __nv_bfloat16* x, int64_t ld, const int32_t* col_row,
                                             int groups, const uint8_t* const (&w)[NM], const uint8_t* const (&e)[NM],
                                             int64_t rb, int64_t sc, int64_t kb) {
   for (int i = threadIdx.x; i < groups * 128; i += blockDim.x) {
@@ -94,44 +103,46 @@ __device__ __forceinline__ void e2m1x8_bf16(uint32_t w, uint32_t scale, uint32_t
   r[3] = bf16x2_mul(__byte_perm(l47, h47, 0x7362), scale);
 }
 
-__device__ __forceinline__ uint32_t word(const uint4& v, int j) { return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w; }
-
-// Half HALF of a stage's block: the A fragments of k16 steps 4 HALF .. 4 HALF + 3 for this warp's
-// rows (lr, lr + 8 local to the CTA) and NM weights, then their wgmmas as one group. Thread q's
-// word j of a row holds values 32j + 8q .. + 7 of the block (pack_fp4_for_mma); as the A fragment
-// of steps 2j, 2j + 1 they are positions 16h + 2q + {0, 1, 8, 9} (h = 0, 1), and the activations
-// are laid in that order (act_quant_bf16_wgmma).
-template <int NM, int HALF>
-__device__ __forceinline__ void half_block(const Stage<NM>& st, int lr, bool first, float (&acc)[NM][32]) {
+// Groups j0 .. j0 + G - 1 (32 K each: k16 steps 2j, 2j + 1) of a stage's block: the A fragments
+// for this warp's rows (lr, lr + 8 local to the CTA) and NM weights, then their wgmmas as one
+// commit group (N = 128 when WIDE, else 64 into the first 32 accumulators). Thread q's word j of
+// a row holds values 32j + 8q .. + 7 (pack_fp4_for_mma); as the A fragments of steps 2j, 2j + 1
+// they are positions 16h + 2q + {0, 1, 8, 9} (h = 0, 1), and the activations are laid in that
+// order (act_quant_bf16_wgmma).
+template <int NM, int TOK, int G, bool WIDE, int ACC>
+__device__ __forceinline__ void group_step(const Stage<NM, TOK>& st, int lr, int j0, bool first,
+                                           float (&acc)[NM][ACC]) {
   const int q = threadIdx.x & 3;
-  uint32_t a[4][NM][4];
+  uint32_t a[2 * G][NM][4];
 #pragma unroll
-  for (int m = 0; m < NM; ++m) {
-    const uint4 wa = *reinterpret_cast<const uint4*>(&st.w[m][lr][16 * q]);
-    const uint4 wb = *reinterpret_cast<const uint4*>(&st.w[m][lr + 8][16 * q]);
-    const uint32_t ea = st.e[m][lr], eb = st.e[m][lr + 8];
+  for (int g = 0; g < G; ++g)
 #pragma unroll
-    for (int jj = 0; jj < 2; ++jj) {
-      const int j = 2 * HALF + jj;
+    for (int m = 0; m < NM; ++m) {
+      const int j = j0 + g;
+      const uint32_t wa = *reinterpret_cast<const uint32_t*>(&st.w[m][lr][16 * q + 4 * j]);
+      const uint32_t wb = *reinterpret_cast<const uint32_t*>(&st.w[m][lr + 8][16 * q + 4 * j]);
       uint32_t ra[4], rb[4];
-      e2m1x8_bf16(word(wa, j), e8m0_bf16x2((ea >> (8 * j)) & 0xFFu), ra);
-      e2m1x8_bf16(word(wb, j), e8m0_bf16x2((eb >> (8 * j)) & 0xFFu), rb);
+      e2m1x8_bf16(wa, e8m0_bf16x2((st.e[m][lr] >> (8 * j)) & 0xFFu), ra);
+      e2m1x8_bf16(wb, e8m0_bf16x2((st.e[m][lr + 8] >> (8 * j)) & 0xFFu), rb);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        a[2 * jj + h][m][0] = ra[2 * h];
-        a[2 * jj + h][m][1] = rb[2 * h];
-        a[2 * jj + h][m][2] = ra[2 * h + 1];
-        a[2 * jj + h][m][3] = rb[2 * h + 1];
+        a[2 * g + h][m][0] = ra[2 * h];
+        a[2 * g + h][m][1] = rb[2 * h];
+        a[2 * g + h][m][2] = ra[2 * h + 1];
+        a[2 * g + h][m][3] = rb[2 * h + 1];
       }
     }
-  }
   wgmma_fence();
 #pragma unroll
-  for (int s = 0; s < 4; ++s)
+  for (int k = 0; k < 2 * G; ++k)
 #pragma unroll
-    for (int m = 0; m < NM; ++m)
-      wgmma_m64n64k16_bf16_rs(acc[m], a[s][m], wgmma_desc(st.act + (4 * HALF + s) * 2 * kLbo, kLbo, kSbo),
-                              !(first && s == 0));
+    for (int m = 0; m < NM; ++m) {
+      const uint64_t desc = wgmma_desc(st.act + (2 * j0 + k) * 2 * kLbo, kLbo, kSbo);
+      if constexpr (WIDE)
+        wgmma_m64n128k16_bf16_rs(acc[m], a[k][m], desc, !(first && k == 0));
+      else
+        wgmma_m64n64k16_bf16_rs(*reinterpret_cast<float(*)[32]>(acc[m]), a[k][m], desc, !(first && k == 0));
+    }
   wgmma_commit();
 }
 
@@ -139,34 +150,40 @@ __device__ __forceinline__ void half_block(const Stage<NM>& st, int lr, bool fir
 // the CTA calls it). w/e: the CTA's first row of each weight and of its scales. The first wgmma
 // starts the accumulators from zero (registers set by other instructions inside the wgmma
 // pipeline make ptxas serialise it).
-template <int NM>
+template <int NM, int TOK, bool WIDE, int ACC>
 __device__ __forceinline__ void wgmma_rows_times_tile(unsigned char* smem, const uint8_t* const (&w)[NM],
                                                       const uint8_t* const (&e)[NM], int64_t rb, int64_t sc,
                                                       const __nv_bfloat16* x, int64_t ld, const int32_t* col_row,
-                                                      int count, int64_t nkb, float (&acc)[NM][32]) {
-  Stage<NM>* st = reinterpret_cast<Stage<NM>*>(smem);
+                                                      int count, int64_t nkb, float (&acc)[NM][ACC]) {
+  constexpr int S = kStages<NM, TOK>, G = kGroupsPerCommit<TOK>;
+  Stage<NM, TOK>* st = reinterpret_cast<Stage<NM, TOK>*>(smem);
   const int groups = (count + 7) / 8;
   const int lr = (threadIdx.x >> 5) * 16 + ((threadIdx.x & 31) >> 2);  // warp w of the CTA: rows 16w..
-  for (int b = 0; b < kStages<NM> - 2; ++b) {
+  for (int b = 0; b < S - 2; ++b) {
     if (b < nkb)
       stage_block(st[b], x, ld, col_row, groups, w, e, rb, sc, b);
     else
       cp_async_commit();
   }
+  int slot = 0;  // kb % kStages
   for (int64_t kb = 0; kb < nkb; ++kb) {
-    wgmma_wait<1>();  // this warpgroup's wgmmas of block kb - 2 (and half 0 of kb - 1) are done
-    cp_async_wait<kStages<NM> - 3>();
+    wgmma_wait<1>();  // this warpgroup's wgmmas but the last commit group of block kb - 1 are done
+    cp_async_wait<S - 3>();
     fence_proxy_async_smem();
     __syncthreads();  // block kb is in shared memory; both warpgroups are done with block kb - 2
-    const int64_t nb = kb + kStages<NM> - 2;
+    const int64_t nb = kb + S - 2;
+    const int nslot = slot >= 2 ? slot - 2 : slot + S - 2;
     if (nb < nkb)
-      stage_block(st[nb % kStages<NM>], x, ld, col_row, groups, w, e, rb, sc, nb);
+      stage_block(st[nslot], x, ld, col_row, groups, w, e, rb, sc, nb);
     else
       cp_async_commit();
-    const Stage<NM>& cur = st[kb % kStages<NM>];
-    half_block<NM, 0>(cur, lr, kb == 0, acc);
-    wgmma_wait<1>();  // half 1 of block kb - 1 is done: its fragment registers are free
-    half_block<NM, 1>(cur, lr, false, acc);
+    const Stage<NM, TOK>& cur = st[slot];
+#pragma unroll
+    for (int c = 0; c < 4 / G; ++c) {
+      if (c > 0) wgmma_wait<1>();  // commit group c - 2 is done: its fragment registers are free
+      group_step<NM, TOK, G, WIDE>(cur, lr, c * G, kb == 0 && c == 0, acc);
+    }
+    slot = slot + 1 == S ? 0 : slot + 1;
   }
   wgmma_wait<0>();
 #pragma unroll
@@ -181,6 +198,7 @@ __device__ __forceinline__ int acc_col(int i) { return 8 * (i >> 2) + 2 * (threa
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
+template <int TOK>
 __global__ void __launch_bounds__(kWarpgroups * 128, 1)
     gateup_wgmma_kernel(const DevWeight* __restrict__ tab, const MoeTile* __restrict__ tiles,
                         const int32_t* __restrict__ n_tiles, const int32_t* __restrict__ slot_pair, int K,
@@ -190,18 +208,27 @@ __global__ void __launch_bounds__(kWarpgroups * 128, 1)
   extern __shared__ __align__(128) unsigned char smem[];
   if (static_cast<int>(blockIdx.y) >= *n_tiles) return;
   const MoeTile t = tiles[blockIdx.y];
-  int32_t* col_row = reinterpret_cast<int32_t*>(smem + kStages<2> * sizeof(Stage<2>));
-  for (int c = threadIdx.x; c < kTokens; c += blockDim.x) col_row[c] = slot_pair[t.start + (c < t.count ? c : 0)] / K;
+  int32_t* col_row = reinterpret_cast<int32_t*>(smem + wgmma_smem<2, TOK>() - sizeof(int32_t) * TOK);
+  for (int c = threadIdx.x; c < TOK; c += blockDim.x) col_row[c] = slot_pair[t.start + (c < t.count ? c : 0)] / K;
   __syncthreads();
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kCtaRows;
   const DevWeight &w1 = tab[3 * t.expert], &w3 = tab[3 * t.expert + 2];
   const int64_t rb = d / 2, sc = w1.scale_cols;
   const uint8_t* const w[2] = {w1.data + r0 * rb, w3.data + r0 * rb};
   const uint8_t* const e[2] = {w1.scale + r0 * sc, w3.scale + r0 * sc};
-  float acc[2][32];
-  wgmma_rows_times_tile<2>(smem, w, e, rb, sc, xb, d, col_row, t.count, d / 128, acc);
+  constexpr int ACC = TOK / 2;
+  float acc[2][ACC];
+  // One instantiation per width: a branch inside made ptxas fence every wgmma.
+  if constexpr (TOK == 128) {
+    if (t.count > 64)
+      wgmma_rows_times_tile<2, TOK, true>(smem, w, e, rb, sc, xb, d, col_row, t.count, d / 128, acc);
+    else
+      wgmma_rows_times_tile<2, TOK, false>(smem, w, e, rb, sc, xb, d, col_row, t.count, d / 128, acc);
+  } else {
+    wgmma_rows_times_tile<2, TOK, false>(smem, w, e, rb, sc, xb, d, col_row, t.count, d / 128, acc);
+  }
 #pragma unroll
-  for (int i = 0; i < 32; ++i) {
+  for (int i = 0; i < ACC; ++i) {
     const int col = acc_col(i);
     if (col < t.count)
       H[static_cast<int64_t>(t.start + col) * I + r0 + acc_row(i)] = swiglu_clamped(acc[0][i], acc[1][i], limit);
@@ -209,7 +236,8 @@ __global__ void __launch_bounds__(kWarpgroups * 128, 1)
 #endif
 }
 
-__global__ void __launch_bounds__(kWarpgroups * 128, 2)
+template <int TOK>
+__global__ void __launch_bounds__(kWarpgroups * 128, TOK == 64 ? 2 : 1)
     down_wgmma_kernel(const DevWeight* __restrict__ tab, const MoeTile* __restrict__ tiles,
                       const int32_t* __restrict__ n_tiles, const int32_t* __restrict__ slot_pair,
                       const __nv_bfloat16* __restrict__ hb, int64_t d, int64_t I, float* __restrict__ Y) {
@@ -217,18 +245,26 @@ __global__ void __launch_bounds__(kWarpgroups * 128, 2)
   extern __shared__ __align__(128) unsigned char smem[];
   if (static_cast<int>(blockIdx.y) >= *n_tiles) return;
   const MoeTile t = tiles[blockIdx.y];
-  int32_t* col_row = reinterpret_cast<int32_t*>(smem + kStages<1> * sizeof(Stage<1>));
-  for (int c = threadIdx.x; c < kTokens; c += blockDim.x) col_row[c] = t.start + (c < t.count ? c : 0);
+  int32_t* col_row = reinterpret_cast<int32_t*>(smem + wgmma_smem<1, TOK>() - sizeof(int32_t) * TOK);
+  for (int c = threadIdx.x; c < TOK; c += blockDim.x) col_row[c] = t.start + (c < t.count ? c : 0);
   __syncthreads();
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kCtaRows;
   const DevWeight& w2 = tab[3 * t.expert + 1];
   const int64_t rb = I / 2, sc = w2.scale_cols;
   const uint8_t* const w[1] = {w2.data + r0 * rb};
   const uint8_t* const e[1] = {w2.scale + r0 * sc};
-  float acc[1][32];
-  wgmma_rows_times_tile<1>(smem, w, e, rb, sc, hb, I, col_row, t.count, I / 128, acc);
+  constexpr int ACC = TOK / 2;
+  float acc[1][ACC];
+  if constexpr (TOK == 128) {
+    if (t.count > 64)
+      wgmma_rows_times_tile<1, TOK, true>(smem, w, e, rb, sc, hb, I, col_row, t.count, I / 128, acc);
+    else
+      wgmma_rows_times_tile<1, TOK, false>(smem, w, e, rb, sc, hb, I, col_row, t.count, I / 128, acc);
+  } else {
+    wgmma_rows_times_tile<1, TOK, false>(smem, w, e, rb, sc, hb, I, col_row, t.count, I / 128, acc);
+  }
 #pragma unroll
-  for (int i = 0; i < 32; ++i) {
+  for (int i = 0; i < ACC; ++i) {
     const int col = acc_col(i);
     if (col < t.count) Y[static_cast<int64_t>(slot_pair[t.start + col]) * d + r0 + acc_row(i)] = acc[0][i];
   }
@@ -263,27 +299,46 @@ bool wgmma_experts_available() {
 #endif
 }
 
-void wgmma_gateup(const DevWeight* tab, const MoeTile* tiles, const int32_t* n_tiles, unsigned max_tiles,
-                  const int32_t* slot_pair, int K, const __nv_bfloat16* xb, int64_t d, int64_t I, float limit,
-                  float* H, cudaStream_t s) {
-  DSV4_CHECK(wgmma_experts_available(), "wgmma_gateup: needs an sm_90 device and a build for arch 90a");
-  DSV4_CHECK(I % kCtaRows == 0 && d % 128 == 0, "wgmma_gateup: d and I must be multiples of 128");
-  constexpr size_t smem = wgmma_smem<2>();
-  set_smem(gateup_wgmma_kernel, smem);
-  gateup_wgmma_kernel<<<dim3(static_cast<unsigned>(I / kCtaRows), max_tiles), kWarpgroups * 128, smem, s>>>(
-      tab, tiles, n_tiles, slot_pair, K, xb, d, I, limit, H);
+template <int TOK, typename... Args>
+void launch_gateup(unsigned rows, unsigned max_tiles, cudaStream_t s, Args... args) {
+  constexpr size_t smem = wgmma_smem<2, TOK>();
+  set_smem(gateup_wgmma_kernel<TOK>, smem);
+  gateup_wgmma_kernel<TOK><<<dim3(rows / kCtaRows, max_tiles), kWarpgroups * 128, smem, s>>>(args...);
   DSV4_CUDA_LAUNCH_CHECK();
 }
 
-void wgmma_down(const DevWeight* tab, const MoeTile* tiles, const int32_t* n_tiles, unsigned max_tiles,
-                const int32_t* slot_pair, const __nv_bfloat16* hb, int64_t d, int64_t I, float* Y, cudaStream_t s) {
+template <int TOK, typename... Args>
+void launch_down(unsigned rows, unsigned max_tiles, cudaStream_t s, Args... args) {
+  constexpr size_t smem = wgmma_smem<1, TOK>();
+  set_smem(down_wgmma_kernel<TOK>, smem);
+  down_wgmma_kernel<TOK><<<dim3(rows / kCtaRows, max_tiles), kWarpgroups * 128, smem, s>>>(args...);
+  DSV4_CUDA_LAUNCH_CHECK();
+}
+
+void wgmma_gateup(int tile_tokens, const DevWeight* tab, const MoeTile* tiles, const int32_t* n_tiles,
+                  unsigned max_tiles, const int32_t* slot_pair, int K, const __nv_bfloat16* xb, int64_t d, int64_t I,
+                  float limit, float* H, cudaStream_t s) {
+  DSV4_CHECK(wgmma_experts_available(), "wgmma_gateup: needs an sm_90 device and a build for arch 90a");
+  DSV4_CHECK(I % kCtaRows == 0 && d % 128 == 0, "wgmma_gateup: d and I must be multiples of 128");
+  DSV4_CHECK(tile_tokens == 64 || tile_tokens == 128, "wgmma_gateup: tiles of 64 or 128 tokens");
+  const unsigned rows = static_cast<unsigned>(I);
+  if (tile_tokens == 128)
+    launch_gateup<128>(rows, max_tiles, s, tab, tiles, n_tiles, slot_pair, K, xb, d, I, limit, H);
+  else
+    launch_gateup<64>(rows, max_tiles, s, tab, tiles, n_tiles, slot_pair, K, xb, d, I, limit, H);
+}
+
+void wgmma_down(int tile_tokens, const DevWeight* tab, const MoeTile* tiles, const int32_t* n_tiles,
+                unsigned max_tiles, const int32_t* slot_pair, const __nv_bfloat16* hb, int64_t d, int64_t I, float* Y,
+                cudaStream_t s) {
   DSV4_CHECK(wgmma_experts_available(), "wgmma_down: needs an sm_90 device and a build for arch 90a");
   DSV4_CHECK(d % kCtaRows == 0 && I % 128 == 0, "wgmma_down: d and I must be multiples of 128");
-  constexpr size_t smem = wgmma_smem<1>();
-  set_smem(down_wgmma_kernel, smem);
-  down_wgmma_kernel<<<dim3(static_cast<unsigned>(d / kCtaRows), max_tiles), kWarpgroups * 128, smem, s>>>(
-      tab, tiles, n_tiles, slot_pair, hb, d, I, Y);
-  DSV4_CUDA_LAUNCH_CHECK();
+  DSV4_CHECK(tile_tokens == 64 || tile_tokens == 128, "wgmma_down: tiles of 64 or 128 tokens");
+  const unsigned rows = static_cast<unsigned>(d);
+  if (tile_tokens == 128)
+    launch_down<128>(rows, max_tiles, s, tab, tiles, n_tiles, slot_pair, hb, d, I, Y);
+  else
+    launch_down<64>(rows, max_tiles, s, tab, tiles, n_tiles, slot_pair, hb, d, I, Y);
 }
 
 }  // namespace dsv4::cuda::detail
