@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
@@ -210,9 +211,26 @@ void bench_moe() {
   MoeRunner runner;
   std::mt19937 g(7);
   // Stored layout (Exact, then Fast), then the tensor-core layout of pack_for_tensor_cores (Fast).
+  // BENCH_MOE_TOKENS=a,b,..: only these token counts, packed experts only (keeps ncu runs short).
+  std::vector<int64_t> counts = {1, 8, 64, 256, 512, 1024, 2048, 4096};
+  const char* only = std::getenv("BENCH_MOE_TOKENS");
+  if (only && *only) {
+    counts.clear();
+    for (const char* c = only; *c;) {
+      char* end = nullptr;
+      const long long v = std::strtoll(c, &end, 10);
+      if (end == c || v <= 0) {
+        std::fprintf(stderr, "bench_linear: BENCH_MOE_TOKENS must be a comma list of positive counts\n");
+        std::exit(2);
+      }
+      counts.push_back(v);
+      c = *end == ',' ? end + 1 : end;
+    }
+  }
   for (const bool packed : {false, true}) {
+    if (!packed && only && *only) continue;
     if (packed && !runner.pack_for_tensor_cores(set, nullptr)) break;
-    for (int64_t R : {1, 8, 64, 256, 1024, 2048, 4096}) {
+    for (int64_t R : counts) {
       // Eight routings to rotate through (different experts each call).
       const int sets = 8;
       std::vector<int32_t> ex(sets * R * K);
@@ -246,7 +264,10 @@ void bench_moe() {
       const std::vector<Variant> all = {
           {0, 3, 0, ""}, {1, 3, 0, " rb1"}, {4, 3, 0, " rb4"}, {0, 2, 0, " occ2"}, {1, 2, 0, " rb1 occ2"}};
       std::vector<Variant> tiles = {{0, 3, 0, ""}, {0, 3, -1, " 8-token tiles"}, {0, 3, 1, " 64-token tiles"}};
-      if (dsv4::cuda::moe_wgmma_available()) tiles.push_back({0, 3, 2, " 64-token wgmma tiles"});
+      if (dsv4::cuda::moe_wgmma_available()) {
+        tiles.push_back({0, 3, 2, " 64-token wgmma tiles"});
+        tiles.push_back({0, 3, 3, " 128-token wgmma tiles"});
+      }
       const std::vector<Variant> variants = !packed ? std::vector<Variant>{all[0]} : R < 256 ? all : tiles;
       for (const Variant& v : variants) {
         const int rb = v.rb;

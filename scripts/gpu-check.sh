@@ -11,6 +11,8 @@
 # ops: bench_ops attention + indexer with the async scratch pool released / kept.
 # moe: only the MoE test binary, bench_linear moe and `dsv4 bench --profile` (built alone: quick
 # iterations on the expert kernels), with memcheck on the wgmma test.
+# moe-ncu: moe, then ncu of the wgmma expert kernels at 4096 tokens (sections, and the duration
+# of every kernel of one MoeRunner::run).
 # moe-profile: ncu sections (bandwidth, stalls, occupancy) of the tensor-core MoE kernels at 1 and 64
 # tokens, of the FP8 tensor-core GEMV (wq_b, 1 row) and of the small kernels of a decode step.
 set -uo pipefail
@@ -36,7 +38,7 @@ if ! cmake -S . -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DDSV4_CUDA=O
   tail -30 "$LOG/configure.log"; cp "$LOG/configure.log" "$OUT/"; echo "configure FAILED"; exit 1
 fi
 targets=()
-[[ "$MODE" == moe ]] && targets=(--target cuda_moe_test bench_linear dsv4)
+[[ "$MODE" == moe || "$MODE" == moe-ncu ]] && targets=(--target cuda_moe_test bench_linear dsv4)
 if ! cmake --build "$BUILD" -j"$JOBS" "${targets[@]}" >"$LOG/build.log" 2>&1; then
   grep -E "error|Error" "$LOG/build.log" | head -40; cp "$LOG/build.log" "$OUT/"; echo "build FAILED"; exit 1
 fi
@@ -90,7 +92,7 @@ if [[ "$MODE" == ops ]]; then
   save
 fi
 
-if [[ "$MODE" == moe ]]; then
+if [[ "$MODE" == moe || "$MODE" == moe-ncu ]]; then
   timeout 200 "$BUILD/tests/cuda/cuda_moe_test" >"$LOG/moe-test.log" 2>&1
   summary+=("cuda_moe_test: rc=$? $(grep -E 'PASSED|FAILED' "$LOG/moe-test.log" | tr '\n' ' ')")
   grep -E "moe wgmma|Failure|Expected|Which is|error" "$LOG/moe-test.log" | head -40 >"$LOG/moe-test-summary.log"
@@ -105,6 +107,20 @@ if [[ "$MODE" == moe ]]; then
     >"$LOG/e2e-profile.log" 2>&1
   summary+=("dsv4 bench --profile: rc=$?")
   cp "$LOG/e2e-profile.log" "$LOG/bench_linear.log" "$OUT/" 2>/dev/null
+  save
+fi
+
+if [[ "$MODE" == moe-ncu ]]; then
+  # BENCH_MOE_TOKENS=4096: packed experts only; the default tiles are wgmma. Skip one warm-up call.
+  BENCH_MOE_TOKENS=4096 timeout 200 ncu --kernel-name regex:"wgmma_kernel" --launch-skip 2 --launch-count 2 \
+    --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
+    --section LaunchStats --section SchedulerStats --section ComputeWorkloadAnalysis \
+    "$BUILD/bench/bench_linear" moe >"$LOG/ncu-wgmma.txt" 2>&1
+  summary+=("ncu wgmma: rc=$?")
+  BENCH_MOE_TOKENS=4096 timeout 120 ncu --kernel-name regex:"group_kernel|quant_bf16_kernel|wgmma_kernel|combine_kernel" \
+    --launch-skip 12 --launch-count 6 --section SpeedOfLight "$BUILD/bench/bench_linear" moe >"$LOG/ncu-wgmma-run.txt" 2>&1
+  summary+=("ncu wgmma run: rc=$?")
+  cp "$LOG/ncu-wgmma.txt" "$LOG/ncu-wgmma-run.txt" "$OUT/" 2>/dev/null
   save
 fi
 
