@@ -485,9 +485,9 @@ void MoeRunner::run(const ExpertSet& set, const float* x, int64_t R, const int32
     grow(m.hb, pairs * I * sizeof(__nv_bfloat16));
     __nv_bfloat16 *xb = m.xb.as<__nv_bfloat16>(), *hb = m.hb.as<__nv_bfloat16>();
     act_quant_bf16_wgmma(x, R, d, d, xb, d, s);
-    wgmma_gateup(T, tab, tiles, nt, max_tiles, sp, static_cast<int>(K), xb, d, I, limit, H, s);
+    wgmma_gateup(T, tab, tiles, nt, max_tiles, sp, static_cast<int>(K), xb, R, d, I, limit, H, s);
     act_quant_bf16_wgmma(H, pairs, I, I, hb, I, s);
-    wgmma_down(T, tab, tiles, nt, max_tiles, sp, hb, d, I, Y, s);
+    wgmma_down(T, tab, tiles, nt, max_tiles, sp, hb, pairs, d, I, Y, s);
     combine_kernel<<<blocks256(R * d), 256, 0, s>>>(Y, experts, weights, R, static_cast<int>(K), E, d, accumulate, out);
     DSV4_CUDA_LAUNCH_CHECK();
     return;

@@ -57,11 +57,11 @@ void mma_down_wide(const DevWeight* tab, const MoeTile* tiles, const int32_t* n_
 // bits).
 bool wgmma_experts_available();
 void wgmma_gateup(int tile_tokens, const DevWeight* tab, const MoeTile* tiles, const int32_t* n_tiles,
-                  unsigned max_tiles, const int32_t* slot_pair, int K, const __nv_bfloat16* xb, int64_t d, int64_t I,
-                  float limit, float* H, cudaStream_t s);
+                  unsigned max_tiles, const int32_t* slot_pair, int K, const __nv_bfloat16* xb, int64_t x_rows, int64_t d,
+                  int64_t I, float limit, float* H, cudaStream_t s);
 void wgmma_down(int tile_tokens, const DevWeight* tab, const MoeTile* tiles, const int32_t* n_tiles,
-                unsigned max_tiles, const int32_t* slot_pair, const __nv_bfloat16* hb, int64_t d, int64_t I, float* Y,
-                cudaStream_t s);
+                unsigned max_tiles, const int32_t* slot_pair, const __nv_bfloat16* hb, int64_t h_rows, int64_t d,
+                int64_t I, float* Y, cudaStream_t s);
 
 // h = silu(min(g, L)) * clamp(v, ±L) (limit <= 0: plain SwiGLU), every expert kernel's epilogue.
 __device__ __forceinline__ float swiglu_clamped(float g, float v, float limit) {

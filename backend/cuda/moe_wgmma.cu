@@ -54,21 +54,43 @@ constexpr size_t wgmma_smem() {
   return kStages<NM, TOK> * sizeof(Stage<NM, TOK>) + sizeof(int32_t) * TOK;
 }
 
-// Copies block kb into a stage (every thread of the CTA; one cp.async group). Activation chunk
-// i of the tile goes to byte 16 i: token 8 (i / 128) + i % 8, chunk i / 8 % 16.
-template <int NM, int TOK>
-__device__ __forceinline__ void stage_block(Stage<NM, TOK>& st, const __nv_bfloat16* x, int64_t ld, const int32_t* col_row,
-                                            int groups, const uint8_t* const (&w)[NM], const uint8_t* const (&e)[NM],
-                                            int64_t rb, int64_t sc, int64_t kb) {
-  for (int i = threadIdx.x; i < groups * 128; i += blockDim.x) {
-    const int t = (i >> 7) * 8 + (i & 7), c = (i >> 3) & 15;
-    cp_async16(st.act + 16 * i, x + static_cast<int64_t>(col_row[t]) * ld + kb * 128 + 8 * c);
+// Activation chunks per thread and block: chunk i = threadIdx.x + 256 n of the tile goes to byte
+// 16 i of a stage: token 8 (i / 128) + i % 8, chunk i / 8 % 16.
+template <int TOK>
+constexpr int kActCopies = TOK * 16 / (kWarpgroups * 128);
+
+// Element offsets (row of the chunk's token x ld + its column) of this thread's activation
+// chunks, once per tile: the staging loop then issues its cp.async without shared-memory
+// lookups or 64-bit multiplies (they were ~1/5 of a block's instructions). ~0u: beyond the tile.
+template <int TOK>
+__device__ __forceinline__ void act_offsets(const int32_t* col_row, int groups, int64_t ld,
+                                            uint32_t (&off)[kActCopies<TOK>]) {
+#pragma unroll
+  for (int n = 0; n < kActCopies<TOK>; ++n) {
+    const int i = threadIdx.x + kWarpgroups * 128 * n, t = (i >> 7) * 8 + (i & 7), c = (i >> 3) & 15;
+    off[n] = i < groups * 128 ? static_cast<uint32_t>(col_row[t] * ld + 8 * c) : ~0u;
   }
+}
+
+// Copies block kb into a stage (every thread of the CTA; one cp.async group).
+template <int NM, int TOK>
+__device__ __forceinline__ void stage_block(Stage<NM, TOK>& st, const __nv_bfloat16* x,
+                                            const uint32_t (&off)[kActCopies<TOK>], const uint8_t* const (&w)[NM],
+                                            const uint8_t* const (&e)[NM], int64_t rb, int64_t sc, int64_t kb) {
+  const __nv_bfloat16* xb = x + kb * 128;
+#pragma unroll
+  for (int n = 0; n < kActCopies<TOK>; ++n)
+    if (off[n] != ~0u) cp_async16(st.act + 16 * (threadIdx.x + kWarpgroups * 128 * n), xb + off[n]);
+  constexpr int kThreads = kWarpgroups * 128, kWeightCopies = kCtaRows * 4 / kThreads;  // 16-byte chunks per weight
+  static_assert(kCtaRows <= kThreads && kCtaRows * 4 % kThreads == 0, "whole weight chunks per thread");
 #pragma unroll
   for (int m = 0; m < NM; ++m) {
-    for (int i = threadIdx.x; i < kCtaRows * 4; i += blockDim.x)
+#pragma unroll
+    for (int n = 0; n < kWeightCopies; ++n) {
+      const int i = threadIdx.x + kThreads * n;
       cp_async16(&st.w[m][i >> 2][16 * (i & 3)], w[m] + (i >> 2) * rb + kb * 64 + 16 * (i & 3));
-    for (int r = threadIdx.x; r < kCtaRows; r += blockDim.x) cp_async4(&st.e[m][r], e[m] + r * sc + kb * 4);
+    }
+    if (threadIdx.x < kCtaRows) cp_async4(&st.e[m][threadIdx.x], e[m] + threadIdx.x * sc + kb * 4);
   }
   cp_async_commit();
 }
@@ -159,9 +181,11 @@ __device__ __forceinline__ void wgmma_rows_times_tile(unsigned char* smem, const
   Stage<NM, TOK>* st = reinterpret_cast<Stage<NM, TOK>*>(smem);
   const int groups = (count + 7) / 8;
   const int lr = (threadIdx.x >> 5) * 16 + ((threadIdx.x & 31) >> 2);  // warp w of the CTA: rows 16w..
+  uint32_t off[kActCopies<TOK>];
+  act_offsets<TOK>(col_row, groups, ld, off);
   for (int b = 0; b < S - 2; ++b) {
     if (b < nkb)
-      stage_block(st[b], x, ld, col_row, groups, w, e, rb, sc, b);
+      stage_block(st[b], x, off, w, e, rb, sc, b);
     else
       cp_async_commit();
   }
@@ -174,7 +198,7 @@ __device__ __forceinline__ void wgmma_rows_times_tile(unsigned char* smem, const
     const int64_t nb = kb + S - 2;
     const int nslot = slot >= 2 ? slot - 2 : slot + S - 2;
     if (nb < nkb)
-      stage_block(st[nslot], x, ld, col_row, groups, w, e, rb, sc, nb);
+      stage_block(st[nslot], x, off, w, e, rb, sc, nb);
     else
       cp_async_commit();
     const Stage<NM, TOK>& cur = st[slot];
@@ -316,11 +340,12 @@ void launch_down(unsigned rows, unsigned max_tiles, cudaStream_t s, Args... args
 }
 
 void wgmma_gateup(int tile_tokens, const DevWeight* tab, const MoeTile* tiles, const int32_t* n_tiles,
-                  unsigned max_tiles, const int32_t* slot_pair, int K, const __nv_bfloat16* xb, int64_t d, int64_t I,
-                  float limit, float* H, cudaStream_t s) {
+                  unsigned max_tiles, const int32_t* slot_pair, int K, const __nv_bfloat16* xb, int64_t x_rows, int64_t d,
+                  int64_t I, float limit, float* H, cudaStream_t s) {
   DSV4_CHECK(wgmma_experts_available(), "wgmma_gateup: needs an sm_90 device and a build for arch 90a");
   DSV4_CHECK(I % kCtaRows == 0 && d % 128 == 0, "wgmma_gateup: d and I must be multiples of 128");
   DSV4_CHECK(tile_tokens == 64 || tile_tokens == 128, "wgmma_gateup: tiles of 64 or 128 tokens");
+  DSV4_CHECK(x_rows * d < int64_t{UINT32_MAX}, "wgmma_gateup: activations beyond 32-bit element offsets");
   const unsigned rows = static_cast<unsigned>(I);
   if (tile_tokens == 128)
     launch_gateup<128>(rows, max_tiles, s, tab, tiles, n_tiles, slot_pair, K, xb, d, I, limit, H);
@@ -329,11 +354,12 @@ void wgmma_gateup(int tile_tokens, const DevWeight* tab, const MoeTile* tiles, c
 }
 
 void wgmma_down(int tile_tokens, const DevWeight* tab, const MoeTile* tiles, const int32_t* n_tiles,
-                unsigned max_tiles, const int32_t* slot_pair, const __nv_bfloat16* hb, int64_t d, int64_t I, float* Y,
-                cudaStream_t s) {
+                unsigned max_tiles, const int32_t* slot_pair, const __nv_bfloat16* hb, int64_t h_rows, int64_t d,
+                int64_t I, float* Y, cudaStream_t s) {
   DSV4_CHECK(wgmma_experts_available(), "wgmma_down: needs an sm_90 device and a build for arch 90a");
   DSV4_CHECK(d % kCtaRows == 0 && I % 128 == 0, "wgmma_down: d and I must be multiples of 128");
   DSV4_CHECK(tile_tokens == 64 || tile_tokens == 128, "wgmma_down: tiles of 64 or 128 tokens");
+  DSV4_CHECK(h_rows * I < int64_t{UINT32_MAX}, "wgmma_down: activations beyond 32-bit element offsets");
   const unsigned rows = static_cast<unsigned>(d);
   if (tile_tokens == 128)
     launch_down<128>(rows, max_tiles, s, tab, tiles, n_tiles, slot_pair, hb, d, I, Y);
