@@ -5,9 +5,11 @@
 // bf16 in shared memory once, each tile of 32 keys converted to bf16 into shared memory, S and
 // O on mma.m16n8k16 (fp32 accumulation), an online softmax per head whose running max starts at
 // the sink logit. The fp32 kernel did the same work with FMAs: ~12 TFLOP/s on 4096 prefill rows
-// of 640 keys (28.5 ms, 47% of a 4096-token prefill); this one takes 3.5 ms there (one CTA per
-// SM at 242 registers, key-tile loads not yet overlapped). Same split / merge scheme as the fp32
-// kernel; a single row of 64 heads stays on the fp32 kernel (as fast: 16 splits each stage q).
+// of 640 keys (28.5 ms, 47% of a 4096-token prefill); this one took 3.5 ms there with one CTA per
+// SM (242 registers) waiting on each key tile's loads, so the next tile's fp32 keys now arrive
+// by cp.async into a staging buffer while this tile is multiplied. Same split / merge scheme as
+// the fp32 kernel; a single row of 64 heads stays on the fp32 kernel (as fast: 16 splits each
+// stage q).
 // Warp w: S of heads 16 (w % 4).. x keys 16 (w / 4)..; O of heads 16 (w % 4).. x columns
 // 256 (w / 4)... Fragments come from ldmatrix (x4; .trans for V, which is stored key-major).
 #include <cuda_bf16.h>
@@ -38,7 +40,8 @@ struct Smem {
   float s[kH][kSPitch];
   __nv_bfloat16 p[kH][kPPitch];
   float m[kH], l[kH], alpha[kH];
-  const float* kp[kKeys];
+  const float* kp[2][kKeys];  // key rows of this tile and the next (nullptr: past the range)
+  float kf[kKeys][kD];        // the next tile's fp32 keys (cp.async)
 };
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
@@ -94,6 +97,21 @@ __device__ __forceinline__ const __nv_bfloat16* a_addr(const __nv_bfloat16 (*m)[
   return &m[r0 + rr + 8 * (mi & 1)][c0 + 8 * (mi >> 1)];
 }
 
+// Issues the cp.async copies of the tile whose key rows are kp into kf (zeros for missing keys;
+// one commit group).
+__device__ __forceinline__ void fetch_keys(float (*kf)[kD], const float* const* kp) {
+  constexpr int d4 = kD / 4;
+  for (int i = threadIdx.x; i < kKeys * d4; i += kThreads) {
+    const float* p = kp[i / d4];
+    float* dst = &kf[i / d4][4 * (i % d4)];
+    if (p)
+      cp_async16(dst, p + 4 * (i % d4));
+    else
+      *reinterpret_cast<float4*>(dst) = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  cp_async_commit();
+}
+
 __global__ void __launch_bounds__(kThreads, 1)
     attention_mma_kernel(const float* __restrict__ q, const AttnRow* __restrict__ rows, int64_t H, int64_t W,
                          const float* __restrict__ sink, float scale, int nsplit, float* __restrict__ o,
@@ -109,6 +127,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int64_t chunk = ceil_div(ceil_div(nkeys, int64_t(nsplit)), int64_t(kKeys)) * kKeys;
   const int64_t kb = split * chunk < nkeys ? split * chunk : nkeys, ke = kb + chunk < nkeys ? kb + chunk : nkeys;
 
+  if (tid < kKeys) S.kp[0][tid] = kb + tid < ke ? key_ptr(row, kb + tid, lo, nwin, W, kD) : nullptr;
+  __syncthreads();
+  if (kb < ke) fetch_keys(S.kf, S.kp[0]);  // the first tile's keys load while q is staged
   stage_bf16(S.q, kH, [&](int h) { return q + (r * H + h0 + h) * kD; });
   if (tid < kH) {
     S.m[tid] = sink[h0 + tid];
@@ -123,11 +144,22 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc[t][i] = 0.f;
 
-  for (int64_t t0 = kb; t0 < ke; t0 += kKeys) {
-    if (tid < kKeys) S.kp[tid] = t0 + tid < ke ? key_ptr(row, t0 + tid, lo, nwin, W, kD) : nullptr;
-    __syncthreads();  // kp ready; the previous tile's keys and probabilities are no longer read
-    stage_bf16(S.k, kKeys, [&](int j) { return S.kp[j]; });
-    __syncthreads();
+  int buf = 0;
+  for (int64_t t0 = kb; t0 < ke; t0 += kKeys, buf ^= 1) {
+    cp_async_wait<0>();
+    __syncthreads();  // this tile's keys are in kf; the previous tile's keys and probabilities are no longer read
+    {  // kf (fp32) -> k (bf16)
+      constexpr int d4 = kD / 4;
+      for (int i = tid; i < kKeys * d4; i += kThreads) {
+        const float4 v = *reinterpret_cast<const float4*>(&S.kf[i / d4][4 * (i % d4)]);
+        *reinterpret_cast<uint2*>(&S.k[i / d4][4 * (i % d4)]) = make_uint2(pack_bf16(v.x, v.y), pack_bf16(v.z, v.w));
+      }
+    }
+    const int64_t t1 = t0 + kKeys;
+    if (tid < kKeys) S.kp[buf ^ 1][tid] = t1 + tid < ke ? key_ptr(row, t1 + tid, lo, nwin, W, kD) : nullptr;
+    __syncthreads();  // k ready, kf free, the next tile's key rows known
+    if (t1 < ke) fetch_keys(S.kf, S.kp[buf ^ 1]);
+    const float* const* kp = S.kp[buf];
     {  // S = Q K^T for 16 heads x 16 keys
       float c[2][4] = {};
 #pragma unroll 4
@@ -156,7 +188,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       float v[8], mx = -INFINITY;
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        v[j] = S.kp[k0 + j] ? S.s[h][k0 + j] : -INFINITY;
+        v[j] = kp[k0 + j] ? S.s[h][k0 + j] : -INFINITY;
         mx = fmaxf(mx, v[j]);
       }
       mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 1));
