@@ -11,6 +11,7 @@
 # ops: bench_ops attention + indexer with the async scratch pool released / kept.
 # moe: only the MoE test binary, bench_linear moe and `dsv4 bench --profile` (built alone: quick
 # iterations on the expert kernels), with memcheck on the wgmma test.
+# moe-attn: moe plus the attention op test (and memcheck) and bench_ops attention.
 # moe-ncu: moe, then ncu of the wgmma expert kernels at 4096 tokens (sections, and the duration
 # of every kernel of one MoeRunner::run).
 # moe-profile: ncu sections (bandwidth, stalls, occupancy) of the tensor-core MoE kernels at 1 and 64
@@ -39,6 +40,7 @@ if ! cmake -S . -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DDSV4_CUDA=O
 fi
 targets=()
 [[ "$MODE" == moe || "$MODE" == moe-ncu ]] && targets=(--target cuda_moe_test bench_linear dsv4)
+[[ "$MODE" == moe-attn ]] && targets=(--target cuda_moe_test cuda_ops_attention_test bench_linear bench_ops dsv4)
 if ! cmake --build "$BUILD" -j"$JOBS" "${targets[@]}" >"$LOG/build.log" 2>&1; then
   grep -E "error|Error" "$LOG/build.log" | head -40; cp "$LOG/build.log" "$OUT/"; echo "build FAILED"; exit 1
 fi
@@ -92,7 +94,20 @@ if [[ "$MODE" == ops ]]; then
   save
 fi
 
-if [[ "$MODE" == moe || "$MODE" == moe-ncu ]]; then
+if [[ "$MODE" == moe-attn ]]; then
+  timeout 200 "$BUILD/tests/cuda/cuda_ops_attention_test" >"$LOG/attn-test.log" 2>&1
+  summary+=("cuda_ops_attention_test: rc=$? $(grep -E 'PASSED|FAILED' "$LOG/attn-test.log" | tr '\n' ' ')")
+  grep -E "Failure|Expected|Which is|error|rel" "$LOG/attn-test.log" | head -30 >"$LOG/attn-test-summary.log"
+  timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 "$BUILD/tests/cuda/cuda_ops_attention_test" \
+    >"$LOG/sanitizer-attn.log" 2>&1
+  summary+=("memcheck attention: rc=$? $(grep -E 'ERROR SUMMARY' "$LOG/sanitizer-attn.log" | tail -1)")
+  timeout 200 "$BUILD/bench/bench_ops" attention >"$LOG/bench_ops.log" 2>&1
+  summary+=("bench_ops attention: rc=$?")
+  cp "$LOG/attn-test-summary.log" "$LOG/bench_ops.log" "$OUT/" 2>/dev/null
+  save
+fi
+
+if [[ "$MODE" == moe || "$MODE" == moe-ncu || "$MODE" == moe-attn ]]; then
   timeout 200 "$BUILD/tests/cuda/cuda_moe_test" >"$LOG/moe-test.log" 2>&1
   summary+=("cuda_moe_test: rc=$? $(grep -E 'PASSED|FAILED' "$LOG/moe-test.log" | tr '\n' ' ')")
   grep -E "moe wgmma|Failure|Expected|Which is|error" "$LOG/moe-test.log" | head -40 >"$LOG/moe-test-summary.log"
