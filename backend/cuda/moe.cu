@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <map>
 #include <string>
+#include <type_traits>
 
 #include "backend/cuda/act_quant.h"
 #include "backend/cuda/check.h"
@@ -278,18 +279,48 @@ __global__ void __launch_bounds__(kTileThreads) down_tile(const DevWeight* __res
             SlotRowsConst{H, t.start, I}, PairRows{Y, slot_pair, t.start, d});
 }
 
+// V = 4: four adjacent columns per thread with float4 loads (d % 4 == 0, 16-byte aligned out): the
+// scalar form issued one load per weight, expert id and Y element and read ~1.6 TB/s (ncu, 4096
+// tokens). Same sums in the same k order either way.
+template <int V>
 __global__ void combine_kernel(const float* __restrict__ Y, const int32_t* __restrict__ experts,
                                const float* __restrict__ weights, int64_t R, int K, int E, int64_t d,
                                bool accumulate, float* __restrict__ out) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= R * d) return;
-  const int64_t r = i / d, c = i % d;
-  float acc = 0.f;
+  using Vec = std::conditional_t<V == 4, float4, float>;
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x, dv = d / V;
+  if (i >= R * dv) return;
+  const int64_t r = i / dv, c = i % dv;
+  float acc[V] = {};
   for (int k = 0; k < K; ++k) {
     const int e = experts[r * K + k];
-    if (e >= 0 && e < E) acc += weights[r * K + k] * Y[(r * K + k) * d + c];
+    if (e < 0 || e >= E) continue;
+    const float w = weights[r * K + k];
+    const Vec y = reinterpret_cast<const Vec*>(Y + (r * K + k) * d)[c];
+    const float* yv = reinterpret_cast<const float*>(&y);
+#pragma unroll
+    for (int j = 0; j < V; ++j) acc[j] += w * yv[j];
   }
-  out[i] = accumulate ? out[i] + acc : acc;
+  Vec& o = reinterpret_cast<Vec*>(out + r * d)[c];
+  if (accumulate) {
+    const Vec prev = o;
+#pragma unroll
+    for (int j = 0; j < V; ++j) acc[j] += reinterpret_cast<const float*>(&prev)[j];
+  }
+  Vec res;
+#pragma unroll
+  for (int j = 0; j < V; ++j) reinterpret_cast<float*>(&res)[j] = acc[j];
+  o = res;
+}
+
+void combine(const float* Y, const int32_t* experts, const float* weights, int64_t R, int K, int E, int64_t d,
+             bool accumulate, float* out, cudaStream_t s) {
+  if (d % 4 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0)
+    combine_kernel<4><<<static_cast<unsigned>((R * d / 4 + 255) / 256), 256, 0, s>>>(Y, experts, weights, R, K, E, d,
+                                                                                      accumulate, out);
+  else
+    combine_kernel<1><<<static_cast<unsigned>((R * d + 255) / 256), 256, 0, s>>>(Y, experts, weights, R, K, E, d,
+                                                                                  accumulate, out);
+  DSV4_CUDA_LAUNCH_CHECK();
 }
 
 int g_wide_mode = 0;  // set_moe_wide_tiles
@@ -488,8 +519,7 @@ void MoeRunner::run(const ExpertSet& set, const float* x, int64_t R, const int32
     wgmma_gateup(T, tab, tiles, nt, max_tiles, sp, static_cast<int>(K), xb, R, d, I, limit, H, s);
     act_quant_bf16_wgmma(H, pairs, I, I, hb, I, s);
     wgmma_down(T, tab, tiles, nt, max_tiles, sp, hb, pairs, d, I, Y, s);
-    combine_kernel<<<blocks256(R * d), 256, 0, s>>>(Y, experts, weights, R, static_cast<int>(K), E, d, accumulate, out);
-    DSV4_CUDA_LAUNCH_CHECK();
+    combine(Y, experts, weights, R, static_cast<int>(K), E, d, accumulate, out, s);
     return;
   }
   if (mma) {
@@ -511,8 +541,7 @@ void MoeRunner::run(const ExpertSet& set, const float* x, int64_t R, const int32
       mma_down_wide(tab, tiles, nt, max_tiles, sp, hq, hs, pairs, d, I, Y, s);
     else
       mma_down(tab, tb.packed, tiles, nt, max_tiles, sp, hq, hs, pairs, d, I, Y, s);
-    combine_kernel<<<blocks256(R * d), 256, 0, s>>>(Y, experts, weights, R, static_cast<int>(K), E, d, accumulate, out);
-    DSV4_CUDA_LAUNCH_CHECK();
+    combine(Y, experts, weights, R, static_cast<int>(K), E, d, accumulate, out, s);
     return;
   }
 
@@ -552,8 +581,7 @@ void MoeRunner::run(const ExpertSet& set, const float* x, int64_t R, const int32
     down_tile<<<g2, kTileThreads, 0, s>>>(tab, tiles, nt, sp, G, d, I, Y);
     DSV4_CUDA_LAUNCH_CHECK();
   }
-  combine_kernel<<<blocks256(R * d), 256, 0, s>>>(Y, experts, weights, R, static_cast<int>(K), E, d, accumulate, out);
-  DSV4_CUDA_LAUNCH_CHECK();
+  combine(Y, experts, weights, R, static_cast<int>(K), E, d, accumulate, out, s);
 }
 
 }  // namespace dsv4::cuda
