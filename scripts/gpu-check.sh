@@ -32,6 +32,15 @@ save() {
   cp "$LOG/summary.log" "$OUT/"
 }
 
+# `dsv4 bench --profile` (prefill and decode per-op tables); its log and bench_linear's to $OUT.
+e2e_profile() {
+  timeout 300 "$BUILD/tools/dsv4" bench --preset v4-flash --layers 8 --random-weights --batches 1,16,64 --profile \
+    >"$LOG/e2e-profile.log" 2>&1
+  summary+=("dsv4 bench --profile: rc=$?")
+  cp "$LOG/e2e-profile.log" "$LOG/bench_linear.log" "$OUT/" 2>/dev/null
+  save
+}
+
 GEN=()
 command -v ninja >/dev/null && GEN=(-G Ninja)
 if ! cmake -S . -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DDSV4_CUDA=ON -DDSV4_CHAT=OFF \
@@ -59,11 +68,7 @@ if [[ "$MODE" == quick || "$MODE" == verify || "$MODE" == final ]]; then
     timeout 200 "$BUILD/bench/bench_linear" "${part[@]}" >"$LOG/bench_linear.log" 2>&1
     summary+=("bench_linear: rc=$?")
   fi
-  timeout 300 "$BUILD/tools/dsv4" bench --preset v4-flash --layers 8 --random-weights --batches 1,16,64 --profile \
-    >"$LOG/e2e-profile.log" 2>&1
-  summary+=("dsv4 bench --profile: rc=$?")
-  cp "$LOG/e2e-profile.log" "$LOG/bench_linear.log" "$OUT/" 2>/dev/null
-  save
+  e2e_profile
 fi
 
 if [[ "$MODE" == step || "$MODE" == quick || "$MODE" == verify || "$MODE" == final ]]; then
@@ -118,11 +123,7 @@ if [[ "$MODE" == moe || "$MODE" == moe-ncu || "$MODE" == moe-attn ]]; then
   save
   timeout 200 "$BUILD/bench/bench_linear" moe >"$LOG/bench_linear.log" 2>&1
   summary+=("bench_linear moe: rc=$?")
-  timeout 200 "$BUILD/tools/dsv4" bench --preset v4-flash --layers 8 --random-weights --batches 1,16,64 --profile \
-    >"$LOG/e2e-profile.log" 2>&1
-  summary+=("dsv4 bench --profile: rc=$?")
-  cp "$LOG/e2e-profile.log" "$LOG/bench_linear.log" "$OUT/" 2>/dev/null
-  save
+  e2e_profile
 fi
 
 if [[ "$MODE" == moe-ncu ]]; then

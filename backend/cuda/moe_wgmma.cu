@@ -214,6 +214,22 @@ __device__ __forceinline__ void wgmma_rows_times_tile(unsigned char* smem, const
   for (int m = 0; m < NM; ++m) wgmma_pin(acc[m]);
 }
 
+// wgmma_rows_times_tile at the tile's width: one instantiation per width (a branch inside made
+// ptxas fence every wgmma); 128-token kernels take m64n64k16 for a tile of <= 64 tokens.
+template <int NM, int TOK, int ACC>
+__device__ __forceinline__ void rows_times_tile_at_width(unsigned char* smem, const uint8_t* const (&w)[NM],
+                                                         const uint8_t* const (&e)[NM], int64_t rb, int64_t sc,
+                                                         const __nv_bfloat16* x, int64_t ld, const int32_t* col_row,
+                                                         int count, int64_t nkb, float (&acc)[NM][ACC]) {
+  if constexpr (TOK == 128) {
+    if (count > 64) {
+      wgmma_rows_times_tile<NM, TOK, true>(smem, w, e, rb, sc, x, ld, col_row, count, nkb, acc);
+      return;
+    }
+  }
+  wgmma_rows_times_tile<NM, TOK, false>(smem, w, e, rb, sc, x, ld, col_row, count, nkb, acc);
+}
+
 // Row (local to the CTA) and column of this thread's accumulator i (wgmma.cuh).
 __device__ __forceinline__ int acc_row(int i) {
   return (threadIdx.x >> 5) * 16 + ((threadIdx.x & 31) >> 2) + ((i >> 1) & 1) * 8;
@@ -242,15 +258,7 @@ __global__ void __launch_bounds__(kWarpgroups * 128, 1)
   const uint8_t* const e[2] = {w1.scale + r0 * sc, w3.scale + r0 * sc};
   constexpr int ACC = TOK / 2;
   float acc[2][ACC];
-  // One instantiation per width: a branch inside made ptxas fence every wgmma.
-  if constexpr (TOK == 128) {
-    if (t.count > 64)
-      wgmma_rows_times_tile<2, TOK, true>(smem, w, e, rb, sc, xb, d, col_row, t.count, d / 128, acc);
-    else
-      wgmma_rows_times_tile<2, TOK, false>(smem, w, e, rb, sc, xb, d, col_row, t.count, d / 128, acc);
-  } else {
-    wgmma_rows_times_tile<2, TOK, false>(smem, w, e, rb, sc, xb, d, col_row, t.count, d / 128, acc);
-  }
+  rows_times_tile_at_width<2, TOK>(smem, w, e, rb, sc, xb, d, col_row, t.count, d / 128, acc);
 #pragma unroll
   for (int i = 0; i < ACC; ++i) {
     const int col = acc_col(i);
@@ -279,14 +287,7 @@ __global__ void __launch_bounds__(kWarpgroups * 128, TOK == 64 ? 2 : 1)
   const uint8_t* const e[1] = {w2.scale + r0 * sc};
   constexpr int ACC = TOK / 2;
   float acc[1][ACC];
-  if constexpr (TOK == 128) {
-    if (t.count > 64)
-      wgmma_rows_times_tile<1, TOK, true>(smem, w, e, rb, sc, hb, I, col_row, t.count, I / 128, acc);
-    else
-      wgmma_rows_times_tile<1, TOK, false>(smem, w, e, rb, sc, hb, I, col_row, t.count, I / 128, acc);
-  } else {
-    wgmma_rows_times_tile<1, TOK, false>(smem, w, e, rb, sc, hb, I, col_row, t.count, I / 128, acc);
-  }
+  rows_times_tile_at_width<1, TOK>(smem, w, e, rb, sc, hb, I, col_row, t.count, I / 128, acc);
 #pragma unroll
   for (int i = 0; i < ACC; ++i) {
     const int col = acc_col(i);
