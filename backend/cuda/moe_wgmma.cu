@@ -103,10 +103,11 @@ __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
   return r;
 }
 
-// 2^(E - 127) as bf16 in both halves (E = 0: the subnormal 2^-127).
-__device__ __forceinline__ uint32_t e8m0_bf16x2(uint32_t e) {
-  const uint32_t b = e == 0 ? 0x0040u : e << 7;
-  return b | b << 16;
+// 2^(E - 127) as bf16 in both halves for byte j of the E8M0 word `e` (E = 0: the subnormal
+// 2^-127, which the 16-bit max gives, as E << 7 >= 0x80 for every other E): three instructions
+// where extracting the byte, testing it and duplicating it took seven.
+__device__ __forceinline__ uint32_t e8m0_bf16x2(uint32_t e, int j) {  // j: a constant after unrolling
+  return __vmaxu2(__byte_perm(e, 0u, 0x4040u + 0x101u * j) << 7, 0x00400040u);
 }
 
 // Eight e2m1 (element 2i in the low nibble of byte i) x scale -> four bf16 pairs (elements 2i,
@@ -144,8 +145,8 @@ __device__ __forceinline__ void group_step(const Stage<NM, TOK>& st, int lr, int
       const uint32_t wa = *reinterpret_cast<const uint32_t*>(&st.w[m][lr][16 * q + 4 * j]);
       const uint32_t wb = *reinterpret_cast<const uint32_t*>(&st.w[m][lr + 8][16 * q + 4 * j]);
       uint32_t ra[4], rb[4];
-      e2m1x8_bf16(wa, e8m0_bf16x2((st.e[m][lr] >> (8 * j)) & 0xFFu), ra);
-      e2m1x8_bf16(wb, e8m0_bf16x2((st.e[m][lr + 8] >> (8 * j)) & 0xFFu), rb);
+      e2m1x8_bf16(wa, e8m0_bf16x2(st.e[m][lr], j), ra);
+      e2m1x8_bf16(wb, e8m0_bf16x2(st.e[m][lr + 8], j), rb);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         a[2 * g + h][m][0] = ra[2 * h];
