@@ -11,6 +11,7 @@
 # ops: bench_ops attention + indexer with the async scratch pool released / kept.
 # moe: only the MoE test binary, bench_linear moe and `dsv4 bench --profile` (built alone: quick
 # iterations on the expert kernels), with memcheck on the wgmma test.
+# (EXTRA_TESTS: test binaries built and run first in the moe modes.)
 # moe-attn: moe plus the attention op test (and memcheck) and bench_ops attention.
 # moe-ncu: moe, then ncu of the wgmma expert kernels at 4096 tokens (sections, and the duration
 # of every kernel of one MoeRunner::run).
@@ -48,8 +49,10 @@ if ! cmake -S . -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DDSV4_CUDA=O
   tail -30 "$LOG/configure.log"; cp "$LOG/configure.log" "$OUT/"; echo "configure FAILED"; exit 1
 fi
 targets=()
-[[ "$MODE" == moe || "$MODE" == moe-ncu ]] && targets=(--target cuda_moe_test bench_linear dsv4)
-[[ "$MODE" == moe-attn ]] && targets=(--target cuda_moe_test cuda_ops_attention_test bench_linear bench_ops dsv4)
+# EXTRA_TESTS="cuda_linear_test ...": more test binaries that the moe modes build and run first.
+read -r -a extra <<<"${EXTRA_TESTS:-}"
+[[ "$MODE" == moe || "$MODE" == moe-ncu ]] && targets=(--target cuda_moe_test bench_linear dsv4 "${extra[@]}")
+[[ "$MODE" == moe-attn ]] && targets=(--target cuda_moe_test cuda_ops_attention_test bench_linear bench_ops dsv4 "${extra[@]}")
 if ! cmake --build "$BUILD" -j"$JOBS" "${targets[@]}" >"$LOG/build.log" 2>&1; then
   grep -E "error|Error" "$LOG/build.log" | head -40; cp "$LOG/build.log" "$OUT/"; echo "build FAILED"; exit 1
 fi
@@ -113,13 +116,18 @@ if [[ "$MODE" == moe-attn ]]; then
 fi
 
 if [[ "$MODE" == moe || "$MODE" == moe-ncu || "$MODE" == moe-attn ]]; then
+  for t in "${extra[@]}"; do
+    timeout 200 "$BUILD/tests/cuda/$t" >"$LOG/$t.log" 2>&1
+    summary+=("$t: rc=$? $(grep -E 'PASSED|FAILED' "$LOG/$t.log" | tr '\n' ' ')")
+    grep -E "Failure|Expected|Which is|error|rel" "$LOG/$t.log" | head -30 >>"$LOG/extra-tests-summary.log"
+  done
   timeout 200 "$BUILD/tests/cuda/cuda_moe_test" >"$LOG/moe-test.log" 2>&1
   summary+=("cuda_moe_test: rc=$? $(grep -E 'PASSED|FAILED' "$LOG/moe-test.log" | tr '\n' ' ')")
   grep -E "moe wgmma|Failure|Expected|Which is|error" "$LOG/moe-test.log" | head -40 >"$LOG/moe-test-summary.log"
   timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 "$BUILD/tests/cuda/cuda_moe_test" \
     --gtest_filter='*Wgmma*' >"$LOG/sanitizer-moe-wgmma.log" 2>&1
   summary+=("memcheck wgmma: rc=$? $(grep -E 'ERROR SUMMARY' "$LOG/sanitizer-moe-wgmma.log" | tail -1)")
-  cp "$LOG/moe-test-summary.log" "$OUT/" 2>/dev/null
+  cp "$LOG/moe-test-summary.log" "$LOG/extra-tests-summary.log" "$OUT/" 2>/dev/null
   save
   timeout 200 "$BUILD/bench/bench_linear" moe >"$LOG/bench_linear.log" 2>&1
   summary+=("bench_linear moe: rc=$?")
