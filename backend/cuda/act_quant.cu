@@ -4,6 +4,7 @@
 #include "backend/cuda/act_quant.h"
 #include "backend/cuda/check.h"
 #include "backend/cuda/fp8_quant.cuh"
+#include "backend/cuda/ops_common.cuh"
 #include "backend/cuda/pdl.cuh"
 
 namespace dsv4::cuda {
@@ -19,20 +20,26 @@ __device__ __forceinline__ float from_e4m3(uint8_t b) {
   return __half2float(__half(h));
 }
 
+// The scale of a block whose 128 values the warp holds (v[j] of lane = value lane + 32j).
+__device__ __forceinline__ float block_scale(const float* v) {
+  float amax = 0.f;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) amax = fmaxf(amax, fabsf(v[j]));
+#pragma unroll
+  for (int m = 16; m; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, m));
+  return pow2_scale(amax);
+}
+
 // Block (r, kb): returns the scale; v[j] = channel kb*128 + lane + 32j (0 beyond `in`).
 __device__ __forceinline__ float load_block(const float* x, int64_t r, int64_t kb, int64_t in, int64_t ldx,
                                             float* v) {
   const int lane = threadIdx.x & 31;
-  float amax = 0.f;
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     const int64_t k = kb * 128 + lane + 32 * j;
     v[j] = k < in ? x[r * ldx + k] : 0.f;
-    amax = fmaxf(amax, fabsf(v[j]));
   }
-#pragma unroll
-  for (int m = 16; m; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, m));
-  return pow2_scale(amax);
+  return block_scale(v);
 }
 
 // Position of value kk (< 128) of a block: itself, or the mma-packed order (act_quant.h).
@@ -64,6 +71,45 @@ __global__ void quant_kernel(const float* __restrict__ x, int64_t rows, int64_t 
     if (k < in) q[r * ldq + kb * 128 + block_pos(lane + 32 * j, packed)] = to_e4m3(v[j] / s);
   }
   if (lane == 0) scales[kb * rows_pad + r] = s;
+}
+
+// quant_kernel (no padding rows, stored order) after rotating the RoPE channels of each head
+// back in registers: a pair's two channels sit in lanes 2m, 2m + 1 (channel k and k ^ 1).
+__global__ void quant_inverse_rope_kernel(float* __restrict__ x, int64_t rows, int64_t in, int64_t ldx,
+                                          InverseRope rope, uint8_t* __restrict__ q, int64_t ldq,
+                                          float* __restrict__ scales, int64_t kblocks) {
+  detail::pdl_trigger();
+  const int64_t id = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  if (id >= rows * kblocks) return;
+  const int64_t r = id / kblocks, kb = id % kblocks, tail = rope.head_len - 2 * rope.pairs;
+  const int lane = threadIdx.x & 31;
+  const float p = static_cast<float>(rope.pos[r]);
+  float v[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int64_t k = kb * 128 + lane + 32 * j;
+    v[j] = k < in ? x[r * ldx + k] : 0.f;
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int64_t k = kb * 128 + lane + 32 * j, c = k % rope.head_len;
+    const float partner = __shfl_xor_sync(0xFFFFFFFFu, v[j], 1);
+    if (k < in && c >= tail) {
+      const float ang = p * rope.inv_freq[(c - tail) / 2];  // rope_kernel's fp32 angle
+      const bool odd = lane & 1;
+      float a = odd ? partner : v[j], b = odd ? v[j] : partner;
+      detail::rope_rotate(a, b, cosf(ang), -sinf(ang));
+      v[j] = odd ? b : a;
+      x[r * ldx + k] = v[j];
+    }
+  }
+  const float s = block_scale(v);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int64_t k = kb * 128 + lane + 32 * j;
+    if (k < in) q[r * ldq + k] = to_e4m3(v[j] / s);
+  }
+  if (lane == 0) scales[kb * rows + r] = s;
 }
 
 // Position of value kk (< 128) of a block in the wgmma operand order (act_quant.h).
@@ -111,6 +157,18 @@ void act_quant_fp8(const float* x, int64_t rows, int64_t in, int64_t ldx, int64_
   if (rows_pad * kb == 0) return;
   quant_kernel<<<blocks_for(rows_pad * kb), kWarps * 32, 0, s>>>(x, rows, in, ldx, rows_pad, q, ldq, scales, kb,
                                                                  mma_packed);
+  DSV4_CUDA_LAUNCH_CHECK();
+}
+
+void act_quant_fp8_inverse_rope(float* x, int64_t rows, int64_t in, int64_t ldx, const InverseRope& rope, uint8_t* q,
+                                int64_t ldq, float* scales, cudaStream_t s) {
+  DSV4_CHECK(rope.head_len > 0 && rope.head_len % 2 == 0 && in % rope.head_len == 0 && rope.pairs >= 0 &&
+                 2 * rope.pairs <= rope.head_len,
+             "act_quant_fp8_inverse_rope: ", in, " channels do not split into heads of ", rope.head_len, " with ",
+             rope.pairs, " rotary pairs");
+  const int64_t kb = (in + 127) / 128;
+  if (rows * kb == 0) return;
+  quant_inverse_rope_kernel<<<blocks_for(rows * kb), kWarps * 32, 0, s>>>(x, rows, in, ldx, rope, q, ldq, scales, kb);
   DSV4_CUDA_LAUNCH_CHECK();
 }
 

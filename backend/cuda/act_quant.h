@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "backend/cuda/inverse_rope.h"
+
 namespace dsv4::cuda {
 
 // q [rows_pad, ldq] e4m3 codes, scales [ceil(in/128), rows_pad] fp32 (row index fastest, the
@@ -15,6 +17,13 @@ namespace dsv4::cuda {
 // [32t + 8j, 32t + 8j + 8) — the operand order of the packed MoE kernels (moe_tiles.cuh).
 void act_quant_fp8(const float* x, int64_t rows, int64_t in, int64_t ldx, int64_t rows_pad, uint8_t* q, int64_t ldq,
                    float* scales, cudaStream_t s, bool mma_packed = false);
+
+// act_quant_fp8 (rows_pad = rows, stored order) of x after the inverse RoPE, which is also stored
+// back into x: x ends as rope(..., inverse = true) leaves it, the codes and scales as
+// act_quant_fp8 of that, bit for bit. One launch where the output projection's input took two.
+// in % rope.head_len == 0; head_len even; 2 * pairs <= head_len.
+void act_quant_fp8_inverse_rope(float* x, int64_t rows, int64_t in, int64_t ldx, const InverseRope& rope, uint8_t* q,
+                                int64_t ldq, float* scales, cudaStream_t s);
 
 // y [rows, ldy] = dequant(quant(x)) as bf16 (exact: an e4m3 value times a power of two), each
 // 128-block in the operand order of the wgmma expert kernels (moe_wgmma.cu): value 32j + 8q + u

@@ -12,6 +12,7 @@
 #include <initializer_list>
 #include <memory>
 
+#include "backend/cuda/inverse_rope.h"
 #include "backend/weight_view.h"
 
 namespace dsv4::cuda {
@@ -49,6 +50,13 @@ class FastLinear {
   // linear_exact_grouped's contract with this class's numerics (per-group run() on big batches).
   void run_grouped(const WeightView& w, int64_t groups, const float* x, int64_t rows, float* y, int64_t ldx,
                    int64_t ldy, cudaStream_t s);
+  // run_grouped on x after the inverse RoPE (the attention output into wo_a), which is done in
+  // place: x ends as rope(..., inverse = true) leaves it, on every path. With FP8 weights at
+  // decode sizes the rotation is part of the activation quantisation (one launch for both);
+  // otherwise rope() runs first, then run_grouped. x is rows of heads: ldx == in-width of all
+  // groups, a multiple of rope.head_len.
+  void run_grouped_inverse_rope(const WeightView& w, int64_t groups, float* x, int64_t rows, float* y, int64_t ldx,
+                                int64_t ldy, const InverseRope& rope, cudaStream_t s);
   // Rows up to this run as GEMV on quantised activations; more go to cuBLASLt (FP8 / bf16).
   // Default kDefaultGemvMaxRows, or DSV4_FAST_GEMV_MAX_ROWS (benchmarks compare both).
   static constexpr int kDefaultGemvMaxRows = 2;

@@ -21,6 +21,7 @@
 #include "backend/cuda/gemv_fp8_mma.h"
 #include "backend/cuda/linear.h"
 #include "backend/cuda/linear_kernels.cuh"
+#include "backend/cuda/ops.h"
 
 namespace dsv4::cuda {
 namespace {
@@ -262,6 +263,16 @@ struct FastLinear::Impl {
     detail::fp8_mma_gemv(detail::dev_weight(w), xq8.as<uint8_t>(), cols, xs8.as<float>(), rows, static_cast<int>(rows),
                          y, row_begin, n, ldy, n / groups, groups > 1 ? w.in : 0, s);
   }
+  bool mma_fp8_inverse_rope(const WeightView& w, float* x, int64_t rows, float* y, int64_t ldx, int64_t ldy,
+                            int64_t groups, const InverseRope& rope, cudaStream_t s) {
+    if (!mma_fp8_fits(w, rows, 0, w.out, groups)) return false;
+    const int64_t cols = groups * w.in;
+    grow(xq8, static_cast<size_t>(rows * cols));
+    grow(xs8, static_cast<size_t>(rows * (cols / 128)) * sizeof(float));
+    act_quant_fp8_inverse_rope(x, rows, cols, ldx, rope, xq8.as<uint8_t>(), cols, xs8.as<float>(), s);
+    mma_on_quantised(w, rows, y, 0, w.out, ldy, groups, s);
+    return true;
+  }
   bool mma_fp8(const WeightView& w, const float* x, int64_t rows, float* y, int64_t row_begin, int64_t n, int64_t ldx,
                int64_t ldy, int64_t groups, cudaStream_t s) {
     if (!mma_fp8_fits(w, rows, row_begin, n, groups)) return false;
@@ -354,6 +365,20 @@ void FastLinear::run_grouped(const WeightView& w, int64_t groups, const float* x
     }
   }
   for (int64_t g = 0; g < groups; ++g) run(w, x + g * k, rows, y + g * ng, g * ng, (g + 1) * ng, ldx, ldy, s);
+}
+
+void FastLinear::run_grouped_inverse_rope(const WeightView& w, int64_t groups, float* x, int64_t rows, float* y,
+                                          int64_t ldx, int64_t ldy, const InverseRope& rope, cudaStream_t s) {
+  const int64_t cols = groups * w.in;
+  DSV4_CHECK(rope.head_len > 0 && cols % rope.head_len == 0 && ldx == cols,
+             "FastLinear::run_grouped_inverse_rope: x must be contiguous rows of heads of ", rope.head_len,
+             " channels (", cols, " wide, ldx ", ldx, ")");
+  if (rows <= 0) return;
+  if (mma_gemv_ && w.format == WeightFormat::FP8Block && w.in % 128 == 0 &&
+      impl_->mma_fp8_inverse_rope(w, x, rows, y, ldx, ldy, groups, rope, s))
+    return;
+  cuda::rope(x, rows, cols / rope.head_len, rope.head_len, rope.inv_freq, rope.pairs, rope.pos, true, s);
+  run_grouped(w, groups, x, rows, y, ldx, ldy, s);
 }
 
 }  // namespace dsv4::cuda

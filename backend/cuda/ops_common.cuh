@@ -54,6 +54,16 @@ __device__ __forceinline__ void warp_argmax(float& bv, int& bi) {
   }
 }
 
+// One interleaved RoPE pair (a, b) rotated by the angle whose cosine / sine are c / s (s negated
+// for the inverse): the products and sums rounded one by one (no fma contraction), so that every
+// kernel that rotates (rope, q/kv-norm + RoPE, the quantisation fused with the inverse) gives the
+// same bits, and the CPU twin's mul / sub order.
+__device__ __forceinline__ void rope_rotate(float& a, float& b, float c, float s) {
+  const float x = a, y = b;
+  a = __fsub_rn(__fmul_rn(x, c), __fmul_rn(y, s));
+  b = __fadd_rn(__fmul_rn(x, s), __fmul_rn(y, c));
+}
+
 __device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 __host__ __device__ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }

@@ -14,6 +14,7 @@ namespace dsv4::cuda {
 
 using detail::block_sum;
 using detail::ceil_div;
+using detail::rope_rotate;
 
 namespace {
 
@@ -105,10 +106,7 @@ __global__ void rms_norm_rope_kernel(float* x, const float* gamma, int64_t heads
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const float ang = p * inv_freq[(4 * i - tail) / 2 + h];
-        const float c = cosf(ang), sn = sinf(ang);
-        const float a = o[2 * h], b = o[2 * h + 1];
-        o[2 * h] = a * c - b * sn;
-        o[2 * h + 1] = a * sn + b * c;
+        rope_rotate(o[2 * h], o[2 * h + 1], cosf(ang), sinf(ang));
       }
     }
     reinterpret_cast<float4*>(xr)[i] = make_float4(o[0], o[1], o[2], o[3]);
@@ -123,10 +121,10 @@ __global__ void rope_kernel(float* x, int64_t rows, int64_t heads, int64_t len, 
   float* p = x + rh * len + (len - 2 * pairs) + 2 * i;
   // fp32 angle, as the reference computes it.
   const float ang = static_cast<float>(pos[r]) * inv_freq[i];
-  const float c = cosf(ang), s = inverse ? -sinf(ang) : sinf(ang);
-  const float a = p[0], b = p[1];
-  p[0] = a * c - b * s;
-  p[1] = a * s + b * c;
+  float a = p[0], b = p[1];
+  rope_rotate(a, b, cosf(ang), inverse ? -sinf(ang) : sinf(ang));
+  p[0] = a;
+  p[1] = b;
 }
 
 __global__ void swiglu_kernel(const float* gu, int64_t rows, int64_t I, float limit, float* h) {

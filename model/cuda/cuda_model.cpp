@@ -399,19 +399,20 @@ void CudaModel::run_layer(const DeviceLayer& L, size_t li, const float* rope, co
   cuda::sparse_attention(q, reinterpret_cast<const cuda::AttnRow*>(at(ld.attn)), R, H, D, W, L.sink, o, s,
                          precision_ == cuda::Precision::Fast);
   mark("sparse_attention");
-  cuda::rope(o, R, H, D, rope, P, a.pos, true, s);
+  const bool exact = precision_ == cuda::Precision::Exact;
+  if (exact) cuda::rope(o, R, H, D, rope, P, a.pos, true, s);  // fast: inside wo_a's quantisation
   // The window ring takes the current keys once attention has read the entries they replace;
   // nothing else in this layer reads it (joined with the shared expert's side below).
   cuda::ring_store_jobs(reinterpret_cast<const cuda::RingJob*>(at(ld.kv_ring)), ld.n_kv_ring, ld.kv_ring_rows,
                         br.fork(kCompressorSide));
-  mark("inverse rope+kv ring");
+  mark(exact ? "inverse rope+kv ring" : "kv ring");
   const int64_t gin = H * D / G;  // grouped low-rank output
   DSV4_CHECK(L.wo_a.in == gin && L.wo_a.out == G * Ro, "wo_a: expected [", G * Ro, ", ", gin, "]");
-  if (precision_ == cuda::Precision::Exact)
+  if (exact)
     cuda::linear_exact_grouped(L.wo_a, G, o, R, a.y, H * D, G * Ro, s);
   else
-    fast_->run_grouped(L.wo_a, G, o, R, a.y, H * D, G * Ro, s);
-  mark("wo_a");
+    fast_->run_grouped_inverse_rope(L.wo_a, G, o, R, a.y, H * D, G * Ro, cuda::InverseRope{rope, P, a.pos, D}, s);
+  mark(exact ? "wo_a" : "inverse rope+wo_a");
   linear(L.wo_b, a.y, R, F);
   mark("wo_b");
   br.join(kGatesSide);

@@ -8,7 +8,10 @@
 #include <cstring>
 
 #include "backend/cpu/linear.h"
+#include "backend/cpu/ops.h"
 #include "backend/cuda/linear.h"
+#include "backend/cuda/ops.h"
+#include "tests/cuda/ops_test_util.h"
 #include "tests/cuda/random_weights.h"
 
 namespace dsv4::test {
@@ -248,6 +251,59 @@ TEST(CudaLinear, GroupedMatchesPerGroupCpu) {
             EXPECT_LE(rel_error(y, ref), (tc || (kind == Kind::BF16 && path == Path::Fast)) ? 1e-2 : mma ? 1e-4 : 1e-5)
                 << buf;
           }
+}
+
+// wo_a on the attention output rotated back: the fused form (the inverse RoPE inside the FP8
+// quantisation at decode sizes) against its unfused twins: rope() then run_grouped() on the GPU
+// (same bits: x and y), and the CPU's rope_inplace then the per-group quantised linear.
+TEST(CudaLinear, GroupedInverseRopeMatchesRopeThenGrouped) {
+  DSV4_REQUIRE_GPU();
+  cuda::FastLinear fast;
+  const int64_t groups = 4, ng = 128;
+  for (Kind kind : {Kind::FP8, Kind::FP4})
+    for (auto [k, head, pairs] : {std::array<int64_t, 3>{1024, 512, 32}, {256, 128, 32}, {256, 64, 16}})
+      for (int64_t rows : {1, 3, 8, 17}) {
+        char buf[160];
+        std::snprintf(buf, sizeof buf, "%s k=%lld head=%lld pairs=%lld R=%lld", kind_name(kind).c_str(), (long long)k,
+                      (long long)head, (long long)pairs, (long long)rows);
+        SCOPED_TRACE(buf);
+        TestWeight w = make_weight(kind, groups * ng, k);
+        const int64_t cols = groups * k, n = groups * ng;
+        const std::vector<float> x = randn(static_cast<size_t>(rows * cols), 2.0f), f = inv_freqs(pairs);
+        const std::vector<int64_t> pos = rand_positions(static_cast<size_t>(rows), 1 << 20);
+        cuda::DeviceBuffer df = cuda::to_device(f), dp = cuda::to_device(pos);
+        const cuda::InverseRope rope{df.as<float>(), pairs, dp.as<int64_t>(), head};
+        // Unfused on the GPU: rope, then the grouped linear.
+        cuda::DeviceBuffer dx0 = cuda::to_device(x), dy0 = poisoned<float>(rows * n);
+        cuda::rope(dx0.as<float>(), rows, cols / head, head, df.as<float>(), pairs, dp.as<int64_t>(), true, nullptr);
+        fast.run_grouped(w.dev, groups, dx0.as<float>(), rows, dy0.as<float>(), cols, n, nullptr);
+        // Fused.
+        cuda::DeviceBuffer dx = cuda::to_device(x), dy = poisoned<float>(rows * n);
+        fast.run_grouped_inverse_rope(w.dev, groups, dx.as<float>(), rows, dy.as<float>(), cols, n, rope, nullptr);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        fast.forget_weights();
+        const size_t nx = static_cast<size_t>(rows * cols), nyy = static_cast<size_t>(rows * n);
+        const std::vector<float> xr0 = cuda::to_host<float>(dx0, nx), xr = cuda::to_host<float>(dx, nx);
+        const std::vector<float> y0 = cuda::to_host<float>(dy0, nyy), y = cuda::to_host<float>(dy, nyy);
+        EXPECT_EQ(std::memcmp(xr.data(), xr0.data(), nx * sizeof(float)), 0) << "x not left as rope() leaves it";
+        EXPECT_EQ(std::memcmp(y.data(), y0.data(), nyy * sizeof(float)), 0) << "y differs from rope + run_grouped";
+        // The CPU twin: rope_inplace per head, then per-group FP8 quantisation and the linear.
+        std::vector<float> xc(x);
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t h = 0; h < cols / head; ++h)
+            cpu::rope_inplace(xc.data() + r * cols + h * head, head, f.data(), pairs, pos[r], true);
+        EXPECT_LE(rel_error(xr, xc), 1e-6);
+        std::vector<float> ref(nyy);
+        for (int64_t g = 0; g < groups; ++g) {
+          std::vector<float> xs(static_cast<size_t>(rows * k));
+          for (int64_t r = 0; r < rows; ++r)
+            std::memcpy(xs.data() + r * k, xc.data() + r * cols + g * k, k * sizeof(float));
+          xs = fake_quant_fp8(xs, rows, k, k);
+          cpu::linear(w.host, xs.data(), rows, ref.data() + g * ng, g * ng, (g + 1) * ng, k, n);
+        }
+        // rows 17 with FP8 weights: cuBLASLt (rounds); the GEMV paths agree to fp32 sums.
+        EXPECT_LE(rel_error(y, ref), kind == Kind::FP8 && rows > 8 ? 1e-2 : 1e-4);
+      }
 }
 
 }  // namespace
