@@ -10,8 +10,11 @@
 // by cp.async into a staging buffer while this tile is multiplied. Same split / merge scheme as
 // the fp32 kernel; a single row of 64 heads stays on the fp32 kernel (as fast: 16 splits each
 // stage q).
-// Warp w: S of heads 16 (w % 4).. x keys 16 (w / 4)..; O of heads 16 (w % 4).. x columns
-// 256 (w / 4)... Fragments come from ldmatrix (x4; .trans for V, which is stored key-major).
+// Warp w: S of heads 16 (w % 4).. x all 32 keys over dims 256 (w / 4).. (the two halves' partial
+// scores are added by the softmax), O of all 64 heads x columns 64 w... Each q fragment is then
+// read from shared memory once per tile and each V fragment once (a warp of 16 heads x 16 keys /
+// 16 heads x 256 columns re-read q twice and V four times: ~98 ldmatrix per warp and tile, now
+// 64). Fragments come from ldmatrix (x4; .trans for V, which is stored key-major).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -31,13 +34,13 @@ constexpr int kThreads = 256;           // 8 warps
 constexpr int kQPitch = kD + 8;         // bf16 per q / key row: 1040 bytes, rows 4 banks apart
 constexpr int kPPitch = kKeys + 8;      // bf16 per probability row: 80 bytes
 constexpr int kSPitch = kKeys + 1;      // floats per score row
-constexpr int kOCols = kD / 2;          // output columns per warp
+constexpr int kOCols = kD / 8;          // output columns per warp (all heads)
 constexpr int kONt = kOCols / 8;        // n tiles of 8 columns per warp
 
 struct Smem {
   __nv_bfloat16 q[kH][kQPitch];
   __nv_bfloat16 k[kKeys][kQPitch];
-  float s[kH][kSPitch];
+  float s[2][kH][kSPitch];  // partial scores over the two halves of the dims
   __nv_bfloat16 p[kH][kPPitch];
   float m[kH], l[kH], alpha[kH];
   const float* kp[2][kKeys];  // key rows of this tile and the next (nullptr: past the range)
@@ -135,14 +138,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     S.m[tid] = sink[h0 + tid];
     S.l[tid] = 0.f;
   }
-  const int hs = 16 * (warp & 3);       // this warp's heads (S and O)
-  const int ks0 = 16 * (warp >> 2);     // its keys in S
-  const int oc0 = kOCols * (warp >> 2);  // its output columns
-  float acc[kONt][4];
+  const int hs = 16 * (warp & 3);     // S: this warp's heads
+  const int sd0 = (kD / 2) * (warp >> 2);  // S: its half of the dims
+  const int oc0 = kOCols * warp;      // O: its output columns
+  constexpr int kMt = kH / 16;        // O: m tiles (16 heads each)
+  float acc[kMt][kONt][4];
 #pragma unroll
-  for (int t = 0; t < kONt; ++t)
+  for (int m = 0; m < kMt; ++m)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) acc[t][i] = 0.f;
+    for (int t = 0; t < kONt; ++t)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[m][t][i] = 0.f;
 
   int buf = 0;
   for (int64_t t0 = kb; t0 < ke; t0 += kKeys, buf ^= 1) {
@@ -160,25 +166,30 @@ __global__ void __launch_bounds__(kThreads, 1)
     __syncthreads();  // k ready, kf free, the next tile's key rows known
     if (t1 < ke) fetch_keys(S.kf, S.kp[buf ^ 1]);
     const float* const* kp = S.kp[buf];
-    {  // S = Q K^T for 16 heads x 16 keys
-      float c[2][4] = {};
+    {  // partial S = Q K^T for 16 heads x 32 keys over half of the dims
+      float c[kKeys / 8][4] = {};
+      const int mi = lane >> 3, rr = lane & 7;
 #pragma unroll 4
-      for (int k0 = 0; k0 < kD; k0 += 16) {
-        uint32_t a[4], b[4];
+      for (int k0 = sd0; k0 < sd0 + kD / 2; k0 += 16) {
+        uint32_t a[4];
         ldsm_x4(a, a_addr(S.q, hs, k0));
-        // B = K^T, stored key-major ([n][k]): matrices (keys 0-7 | 8-15) x (k 0-7 | 8-15).
-        const int mi = lane >> 3, rr = lane & 7;
-        ldsm_x4(b, &S.k[ks0 + rr + 8 * (mi >> 1)][k0 + 8 * (mi & 1)]);
-        mma_bf16(c[0], a, b[0], b[1]);
-        mma_bf16(c[1], a, b[2], b[3]);
-      }
 #pragma unroll
-      for (int t = 0; t < 2; ++t) {
-        const int col = ks0 + 8 * t + 2 * qd;
-        S.s[hs + g][col] = c[t][0] * scale;
-        S.s[hs + g][col + 1] = c[t][1] * scale;
-        S.s[hs + g + 8][col] = c[t][2] * scale;
-        S.s[hs + g + 8][col + 1] = c[t][3] * scale;
+        for (int kk = 0; kk < kKeys / 16; ++kk) {
+          // B = K^T, stored key-major ([n][k]): matrices (keys 0-7 | 8-15) x (k 0-7 | 8-15).
+          uint32_t b[4];
+          ldsm_x4(b, &S.k[16 * kk + rr + 8 * (mi >> 1)][k0 + 8 * (mi & 1)]);
+          mma_bf16(c[2 * kk], a, b[0], b[1]);
+          mma_bf16(c[2 * kk + 1], a, b[2], b[3]);
+        }
+      }
+      float(*sp)[kSPitch] = S.s[warp >> 2];
+#pragma unroll
+      for (int t = 0; t < kKeys / 8; ++t) {
+        const int col = 8 * t + 2 * qd;
+        sp[hs + g][col] = c[t][0];
+        sp[hs + g][col + 1] = c[t][1];
+        sp[hs + g + 8][col] = c[t][2];
+        sp[hs + g + 8][col + 1] = c[t][3];
       }
     }
     __syncthreads();
@@ -188,7 +199,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       float v[8], mx = -INFINITY;
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        v[j] = kp[k0 + j] ? S.s[h][k0 + j] : -INFINITY;
+        v[j] = kp[k0 + j] ? (S.s[0][h][k0 + j] + S.s[1][h][k0 + j]) * scale : -INFINITY;
         mx = fmaxf(mx, v[j]);
       }
       mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 1));
@@ -214,52 +225,60 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     __syncthreads();
-    {  // O = alpha O + P V for 16 heads x 256 columns
-      const float a_lo = S.alpha[hs + g], a_hi = S.alpha[hs + g + 8];
+    {  // O = alpha O + P V for 64 heads x 64 columns
 #pragma unroll
-      for (int t = 0; t < kONt; ++t) {
-        acc[t][0] *= a_lo;
-        acc[t][1] *= a_lo;
-        acc[t][2] *= a_hi;
-        acc[t][3] *= a_hi;
+      for (int m = 0; m < kMt; ++m) {
+        const float a_lo = S.alpha[16 * m + g], a_hi = S.alpha[16 * m + g + 8];
+#pragma unroll
+        for (int t = 0; t < kONt; ++t) {
+          acc[m][t][0] *= a_lo;
+          acc[m][t][1] *= a_lo;
+          acc[m][t][2] *= a_hi;
+          acc[m][t][3] *= a_hi;
+        }
       }
+      const int mi = lane >> 3, rr = lane & 7;
 #pragma unroll
       for (int k0 = 0; k0 < kKeys; k0 += 16) {
-        uint32_t a[4];
-        ldsm_x4(a, a_addr(S.p, hs, k0));
-        const int mi = lane >> 3, rr = lane & 7;
+        uint32_t a[kMt][4];
+#pragma unroll
+        for (int m = 0; m < kMt; ++m) ldsm_x4(a[m], a_addr(S.p, 16 * m, k0));
 #pragma unroll
         for (int t = 0; t < kONt; t += 2) {
           // B = V, stored key-major ([k][n]): transposed matrices (k 0-7 | 8-15) x (n 0-7 | 8-15).
           uint32_t b[4];
           ldsm_x4_trans(b, &S.k[k0 + rr + 8 * (mi & 1)][oc0 + 8 * t + 8 * (mi >> 1)]);
-          mma_bf16(acc[t], a, b[0], b[1]);
-          mma_bf16(acc[t + 1], a, b[2], b[3]);
+#pragma unroll
+          for (int m = 0; m < kMt; ++m) {
+            mma_bf16(acc[m][t], a[m], b[0], b[1]);
+            mma_bf16(acc[m][t + 1], a[m], b[2], b[3]);
+          }
         }
       }
     }
   }
   __syncthreads();
-  const int64_t hg = h0 + hs + g;  // rows g and g + 8 of the warp's heads
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int64_t hh = hg + 8 * half;
-    const int hl = hs + g + 8 * half;
-    float* dst;
-    float mul = 1.f;
-    if (partial) {
-      const int64_t slot = (r * H + hh) * nsplit + split;
-      dst = partial + slot * kD;
-      if (warp < 4 && qd == 0) ml[slot] = make_float2(S.m[hl], S.l[hl]);
-    } else {
-      dst = o + (r * H + hh) * kD;
-      mul = 1.0f / (S.l[hl] + expf(sink[hh] - S.m[hl]));
+  for (int m = 0; m < kMt; ++m)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {  // rows g and g + 8 of m tile m
+      const int hl = 16 * m + g + 8 * half;
+      const int64_t hh = h0 + hl;
+      float* dst;
+      float mul = 1.f;
+      if (partial) {
+        const int64_t slot = (r * H + hh) * nsplit + split;
+        dst = partial + slot * kD;
+        if (warp == 0 && qd == 0) ml[slot] = make_float2(S.m[hl], S.l[hl]);
+      } else {
+        dst = o + (r * H + hh) * kD;
+        mul = 1.0f / (S.l[hl] + expf(sink[hh] - S.m[hl]));
+      }
+#pragma unroll
+      for (int t = 0; t < kONt; ++t)
+        *reinterpret_cast<float2*>(dst + oc0 + 8 * t + 2 * qd) =
+            make_float2(acc[m][t][2 * half] * mul, acc[m][t][2 * half + 1] * mul);
     }
-#pragma unroll
-    for (int t = 0; t < kONt; ++t)
-      *reinterpret_cast<float2*>(dst + oc0 + 8 * t + 2 * qd) =
-          make_float2(acc[t][2 * half] * mul, acc[t][2 * half + 1] * mul);
-  }
 }
 
 }  // namespace
