@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "backend/cuda/check.h"
+#include "backend/cuda/cp_async.cuh"
 #include "backend/cuda/device.h"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/ops_common.cuh"
@@ -17,6 +18,9 @@
 namespace dsv4::cuda {
 
 using detail::ceil_div;
+using detail::cp_async16;
+using detail::cp_async_commit;
+using detail::cp_async_wait;
 using detail::sm_count;
 using detail::sigmoidf_;
 using detail::warp_sum;
@@ -78,6 +82,86 @@ __global__ void __launch_bounds__(kProjThreads)
     float v = 0.f;
     for (int w = 0; w < kProjThreads / 32; ++w) v += red[w][rr][o];
     stash[(r0 + rr) * ld + ks * (n_out + 1) + (o == MAXO ? n_out : o)] = v;
+  }
+}
+
+// hc_project_kernel's stash for batches (R >= kTileMinRows): a block takes kTileRows rows and one
+// K slice and stages both operands through shared memory, so that every fn value read from L2
+// serves 128 rows (the per-row kernel re-read all of fn from L2 for every 4 rows: 1.6 GB per
+// 4096-row call, which bounded it). Thread (row r, output group og) holds rows r + 32 i (i < 4)
+// of outputs og * TO .. + TO; group 0 also sums x². Two cp.async stages of kTileK columns.
+constexpr int kTileRows = 128, kTileK = 32, kTilePitch = kTileK + 4, kTileMinRows = 256;
+constexpr int kTileGroups = 8, kTileRowThreads = kTileRows / 4;
+static_assert(kTileRowThreads * kTileGroups == 256, "one thread per (row thread, output group)");
+
+template <int TO>
+struct TileSmem {
+  float x[2][kTileRows][kTilePitch];  // rows 16 B apart in banks: a load's 4 rows do not conflict
+  float f[2][kTileGroups * TO][kTilePitch];
+};
+
+template <int TO>
+__global__ void __launch_bounds__(256, 2)  // 3 per SM spills at TO = 3
+    hc_project_tiled_kernel(const float* __restrict__ fn, const float* __restrict__ X, int64_t R, int64_t nd,
+                            int n_out, int64_t slice, float* __restrict__ stash, int64_t ld) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  TileSmem<TO>& S = *reinterpret_cast<TileSmem<TO>*>(smem_raw);
+  constexpr int NO = kTileGroups * TO;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kTileRows;
+  const int ks = blockIdx.y, tid = threadIdx.x;
+  const int64_t kb = ks * slice, ke = std::min(nd, kb + slice);
+  const int nt = static_cast<int>((ke - kb) / kTileK);
+  auto load = [&](int buf, int64_t k0) {
+#pragma unroll
+    for (int j = 0; j < kTileRows * kTileK / 4 / 256; ++j) {
+      const int c = tid + 256 * j, row = c / (kTileK / 4), c4 = c % (kTileK / 4);
+      const int64_t gr = std::min(r0 + row, R - 1);  // rows past R re-read the last one (never stored)
+      cp_async16(&S.x[buf][row][4 * c4], X + gr * nd + k0 + 4 * c4);
+    }
+    for (int c = tid; c < NO * (kTileK / 4); c += 256) {
+      const int o = c / (kTileK / 4), c4 = c % (kTileK / 4);
+      cp_async16(&S.f[buf][o][4 * c4], fn + std::min(o, n_out - 1) * nd + k0 + 4 * c4);
+    }
+    cp_async_commit();
+  };
+  const int og = tid & (kTileGroups - 1), rt = tid / kTileGroups;  // a warp: 4 row threads x 8 groups
+  float acc[4][TO] = {}, ss[4] = {};
+  if (nt > 0) load(0, kb);
+  for (int t = 0; t < nt; ++t) {
+    if (t + 1 < nt) {
+      load((t + 1) & 1, kb + (t + 1) * int64_t(kTileK));
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const int b = t & 1;
+#pragma unroll
+    for (int k = 0; k < kTileK; k += 4) {
+      float4 xv[4], fv[TO];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) xv[i] = *reinterpret_cast<const float4*>(&S.x[b][rt + kTileRowThreads * i][k]);
+#pragma unroll
+      for (int o = 0; o < TO; ++o) fv[o] = *reinterpret_cast<const float4*>(&S.f[b][og * TO + o][k]);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        if (og == 0) ss[i] += xv[i].x * xv[i].x + xv[i].y * xv[i].y + xv[i].z * xv[i].z + xv[i].w * xv[i].w;
+#pragma unroll
+        for (int o = 0; o < TO; ++o)
+          acc[i][o] += fv[o].x * xv[i].x + fv[o].y * xv[i].y + fv[o].z * xv[i].z + fv[o].w * xv[i].w;
+      }
+    }
+    __syncthreads();  // the buffer is refilled by the next iteration's load
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t r = r0 + rt + kTileRowThreads * i;
+    if (r >= R) continue;
+    float* dst = stash + r * ld + ks * (n_out + 1);
+#pragma unroll
+    for (int o = 0; o < TO; ++o)
+      if (og * TO + o < n_out) dst[og * TO + o] = acc[i][o];
+    if (og == 0) dst[n_out] = ss[i];
   }
 }
 
@@ -259,11 +343,40 @@ __global__ void hc_post_kernel(const float* post, const float* comb, const float
   }
 }
 
+// The tiled projection over (row block, K slice); slices are whole kTileK columns, as many as
+// fill one wave of resident blocks (a second, mostly empty wave doubled the time), and fit the
+// stash row (ks x (n_out + 1) <= d). Returns the slice count.
+template <int TO>
+int project_tiled(const float* fn, const float* X, int64_t R, int64_t nd, int64_t d, int n_out, float* stash,
+                  cudaStream_t s) {
+  const size_t smem = sizeof(TileSmem<TO>);
+  DSV4_CUDA_CHECK(cudaFuncSetAttribute(hc_project_tiled_kernel<TO>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(smem)));
+  static const int per_sm = [&] {
+    int n = 0;
+    DSV4_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, hc_project_tiled_kernel<TO>, 256, smem));
+    return std::max(n, 1);
+  }();
+  const int64_t row_blocks = ceil_div(R, kTileRows), tiles = nd / kTileK;
+  int64_t ks = std::max<int64_t>(1, int64_t{per_sm} * sm_count() / row_blocks);
+  ks = std::min<int64_t>({ks, std::max<int64_t>(1, tiles / 4), std::max<int64_t>(1, d / (n_out + 1))});
+  const int64_t slice = ceil_div(tiles, ks) * kTileK;
+  ks = ceil_div(nd, slice);
+  hc_project_tiled_kernel<TO><<<dim3(static_cast<unsigned>(row_blocks), static_cast<unsigned>(ks)), 256, smem, s>>>(
+      fn, X, R, nd, n_out, slice, stash, d);
+  DSV4_CUDA_LAUNCH_CHECK();
+  return static_cast<int>(ks);
+}
+
 // Launches the split-K projection; returns the number of slices written per row.
 int project(const float* fn, const float* X, int64_t R, int64_t n, int64_t d, int n_out, float* stash,
             cudaStream_t s) {
   DSV4_CHECK(d % 4 == 0, "cuda mHC: d must be a multiple of 4");
   DSV4_CHECK(d >= n_out + 1, "cuda mHC: d too small for the projection stash");
+  if (R >= kTileMinRows && (n * d) % kTileK == 0 && n_out <= kTileGroups * 3) {
+    if (n_out <= kTileGroups) return project_tiled<1>(fn, X, R, n * d, d, n_out, stash, s);
+    return project_tiled<3>(fn, X, R, n * d, d, n_out, stash, s);
+  }
   const int rows_per_block = R < 4 ? 1 : 4;
   const int64_t nd4 = n * d / 4, row_blocks = ceil_div(R, rows_per_block);
   int64_t ks = ceil_div(2 * sm_count(), row_blocks);  // about two waves of blocks

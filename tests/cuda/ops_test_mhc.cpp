@@ -127,11 +127,14 @@ TEST_P(CudaOpsMhc, HcHeadMatchesCpu) {
   EXPECT_LE(rel_error(to_host<float>(dh, h.size()), h), 1e-5);
 }
 
-// Decode-sized (split-K over many slices), a ragged row tile, prefill-sized, and the tiny model.
+// Decode-sized (split-K over many slices), a ragged row tile, prefill-sized (the tiled projection
+// from 256 rows: a ragged last row block; 1000 rows at d 512, where the stash row bounds the
+// slice count; exactly two blocks), and the tiny model.
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaOpsMhc,
                          ::testing::Values(std::pair<int64_t, int64_t>{1, 4096}, std::pair<int64_t, int64_t>{3, 4096},
                                            std::pair<int64_t, int64_t>{7, 4096},
-                                           std::pair<int64_t, int64_t>{300, 4096}, std::pair<int64_t, int64_t>{5, 256}));
+                                           std::pair<int64_t, int64_t>{300, 4096}, std::pair<int64_t, int64_t>{1000, 512},
+                                           std::pair<int64_t, int64_t>{256, 1024}, std::pair<int64_t, int64_t>{5, 256}));
 
 }  // namespace
 }  // namespace dsv4
