@@ -7,8 +7,10 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <iterator>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -76,7 +78,15 @@ void report(const char* op, int64_t R, const char* shape, double us, double byte
               shape, us, floor_us, bytes / kBandwidth >= flops / rate ? "bytes" : "flops", us / floor_us);
 }
 
-const std::vector<int64_t> kRows = {1, 8, 64, 256, 4096};
+// BENCH_OPS_ROWS="4096 ...": only these row counts (an ncu run wants one shape).
+const std::vector<int64_t> kRows = [] {
+  std::vector<int64_t> rows;
+  if (const char* env = std::getenv("BENCH_OPS_ROWS")) {
+    std::istringstream in(env);
+    for (int64_t r; in >> r;) rows.push_back(r);
+  }
+  return rows.empty() ? std::vector<int64_t>{1, 8, 64, 256, 4096} : rows;
+}();
 
 void bench_rms_norm() {
   const int64_t d = 4096;

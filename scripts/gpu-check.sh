@@ -12,9 +12,12 @@
 # moe: only the MoE test binary, bench_linear moe and `dsv4 bench --profile` (built alone: quick
 # iterations on the expert kernels), with memcheck on the wgmma test.
 # (EXTRA_TESTS: test binaries built and run first in the moe modes.)
-# moe-attn: moe plus the attention op test (and memcheck) and bench_ops attention.
+# moe-attn: moe plus the attention op test (and memcheck) and bench_ops attention (BENCH_OPS_PARTS
+# picks other parts).
 # moe-ncu: moe, then ncu of the wgmma expert kernels at 4096 tokens (sections, and the duration
 # of every kernel of one MoeRunner::run).
+# ops-ncu: bench_ops hc + attention, ncu of the mHC and attention kernels at 4096 rows, the
+# EXTRA_TESTS and `dsv4 bench --profile`.
 # moe-profile: ncu sections (bandwidth, stalls, occupancy) of the tensor-core MoE kernels at 1 and 64
 # tokens, of the FP8 tensor-core GEMV (wq_b, 1 row) and of the small kernels of a decode step.
 set -uo pipefail
@@ -52,6 +55,7 @@ targets=()
 # EXTRA_TESTS="cuda_linear_test ...": more test binaries that the moe modes build and run first.
 read -r -a extra <<<"${EXTRA_TESTS:-}"
 [[ "$MODE" == moe || "$MODE" == moe-ncu ]] && targets=(--target cuda_moe_test bench_linear dsv4 "${extra[@]}")
+[[ "$MODE" == ops-ncu ]] && targets=(--target bench_ops dsv4 "${extra[@]}")
 [[ "$MODE" == moe-attn ]] && targets=(--target cuda_moe_test cuda_ops_attention_test bench_linear bench_ops dsv4 "${extra[@]}")
 if ! cmake --build "$BUILD" -j"$JOBS" "${targets[@]}" >"$LOG/build.log" 2>&1; then
   grep -E "error|Error" "$LOG/build.log" | head -40; cp "$LOG/build.log" "$OUT/"; echo "build FAILED"; exit 1
@@ -109,30 +113,53 @@ if [[ "$MODE" == moe-attn ]]; then
   timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 "$BUILD/tests/cuda/cuda_ops_attention_test" \
     >"$LOG/sanitizer-attn.log" 2>&1
   summary+=("memcheck attention: rc=$? $(grep -E 'ERROR SUMMARY' "$LOG/sanitizer-attn.log" | tail -1)")
-  timeout 200 "$BUILD/bench/bench_ops" attention >"$LOG/bench_ops.log" 2>&1
-  summary+=("bench_ops attention: rc=$?")
+  read -r -a ops_parts <<<"${BENCH_OPS_PARTS:-attention}"
+  timeout 200 "$BUILD/bench/bench_ops" "${ops_parts[@]}" >"$LOG/bench_ops.log" 2>&1
+  summary+=("bench_ops ${ops_parts[*]}: rc=$?")
   cp "$LOG/attn-test-summary.log" "$LOG/bench_ops.log" "$OUT/" 2>/dev/null
   save
 fi
 
-if [[ "$MODE" == moe || "$MODE" == moe-ncu || "$MODE" == moe-attn ]]; then
+if [[ "$MODE" == ops-ncu ]]; then
+  # bench_ops hc + attention, then ncu sections of the mHC and tensor-core attention kernels at
+  # 4096 rows (BENCH_OPS_ROWS), then `dsv4 bench --profile`.
+  timeout 200 "$BUILD/bench/bench_ops" hc attention >"$LOG/bench_ops.log" 2>&1
+  summary+=("bench_ops hc attention: rc=$?")
+  cp "$LOG/bench_ops.log" "$OUT/" 2>/dev/null
+  sections=(--section SpeedOfLight --section WarpStateStats --section Occupancy --section LaunchStats
+            --section SchedulerStats --section MemoryWorkloadAnalysis)
+  BENCH_OPS_ROWS=4096 timeout 150 ncu --kernel-name regex:"hc_project|hc_pre_finish" --launch-skip 6 --launch-count 3 \
+    "${sections[@]}" "$BUILD/bench/bench_ops" hc >"$LOG/ncu-hc.txt" 2>&1
+  summary+=("ncu hc: rc=$?")
+  BENCH_OPS_ROWS=4096 timeout 150 ncu --kernel-name regex:"attention_mma" --launch-skip 3 --launch-count 1 \
+    "${sections[@]}" --section ComputeWorkloadAnalysis "$BUILD/bench/bench_ops" attention >"$LOG/ncu-attn.txt" 2>&1
+  summary+=("ncu attention: rc=$?")
+  cp "$LOG/ncu-hc.txt" "$LOG/ncu-attn.txt" "$OUT/" 2>/dev/null
+  save
+fi
+
+if [[ "$MODE" == moe || "$MODE" == moe-ncu || "$MODE" == moe-attn || "$MODE" == ops-ncu ]]; then
   for t in "${extra[@]}"; do
     timeout 200 "$BUILD/tests/cuda/$t" >"$LOG/$t.log" 2>&1
     summary+=("$t: rc=$? $(grep -E 'PASSED|FAILED' "$LOG/$t.log" | tr '\n' ' ')")
     grep -E "Failure|Expected|Which is|error|rel" "$LOG/$t.log" | head -30 >>"$LOG/extra-tests-summary.log"
   done
+  cp "$LOG/extra-tests-summary.log" "$OUT/" 2>/dev/null
+fi
+
+if [[ "$MODE" == moe || "$MODE" == moe-ncu || "$MODE" == moe-attn ]]; then
   timeout 200 "$BUILD/tests/cuda/cuda_moe_test" >"$LOG/moe-test.log" 2>&1
   summary+=("cuda_moe_test: rc=$? $(grep -E 'PASSED|FAILED' "$LOG/moe-test.log" | tr '\n' ' ')")
   grep -E "moe wgmma|Failure|Expected|Which is|error" "$LOG/moe-test.log" | head -40 >"$LOG/moe-test-summary.log"
   timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 "$BUILD/tests/cuda/cuda_moe_test" \
     --gtest_filter='*Wgmma*' >"$LOG/sanitizer-moe-wgmma.log" 2>&1
   summary+=("memcheck wgmma: rc=$? $(grep -E 'ERROR SUMMARY' "$LOG/sanitizer-moe-wgmma.log" | tail -1)")
-  cp "$LOG/moe-test-summary.log" "$LOG/extra-tests-summary.log" "$OUT/" 2>/dev/null
+  cp "$LOG/moe-test-summary.log" "$OUT/" 2>/dev/null
   save
   timeout 200 "$BUILD/bench/bench_linear" moe >"$LOG/bench_linear.log" 2>&1
   summary+=("bench_linear moe: rc=$?")
-  e2e_profile
 fi
+[[ "$MODE" == moe || "$MODE" == moe-ncu || "$MODE" == moe-attn || "$MODE" == ops-ncu ]] && e2e_profile
 
 if [[ "$MODE" == moe-ncu ]]; then
   # BENCH_MOE_TOKENS=4096: packed experts only; the default tiles are wgmma. Skip one warm-up call.
