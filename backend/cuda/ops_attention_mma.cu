@@ -10,11 +10,12 @@
 // by cp.async into a staging buffer while this tile is multiplied. Same split / merge scheme as
 // the fp32 kernel; a single row of 64 heads stays on the fp32 kernel (as fast: 16 splits each
 // stage q).
-// Warp w: S of heads 16 (w % 4).. x all 32 keys over dims 256 (w / 4).. (the two halves' partial
-// scores are added by the softmax), O of all 64 heads x columns 64 w... Each q fragment is then
-// read from shared memory once per tile and each V fragment once (a warp of 16 heads x 16 keys /
-// 16 heads x 256 columns re-read q twice and V four times: ~98 ldmatrix per warp and tile, now
-// 64). Fragments come from ldmatrix (x4; .trans for V, which is stored key-major).
+// 16 warps (one CTA per SM: 2 warps per scheduler left it latency-bound, 0.38 eligible warps,
+// IPC 1.3). Warp w: S of heads 16 (w % 4).. x all 32 keys over dims 128 (w / 4).. (the four
+// parts' partial scores are added by the softmax), O of all 64 heads x columns 32 w... Each q
+// fragment is read from shared memory once per tile and each V fragment once (8 warps of 16
+// heads x 16 keys / 16 heads x 256 columns re-read q twice and V four times). Fragments come from
+// ldmatrix (x4; .trans for V, which is stored key-major).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -30,20 +31,27 @@ namespace {
 
 constexpr int kH = kAttnMmaHeads, kD = kAttnMmaDim;
 constexpr int kKeys = 32;               // keys per tile
-constexpr int kThreads = 256;           // 8 warps
+constexpr int kThreads = 512;           // 16 warps
+constexpr int kWarps = kThreads / 32;
+constexpr int kDimParts = kWarps / 4;   // S: warps per head group, each over kD / kDimParts dims
+constexpr int kHeadLanes = kThreads / 64;  // softmax: threads per head
+constexpr int kLaneKeys = kKeys / kHeadLanes;
 constexpr int kQPitch = kD + 8;         // bf16 per q / key row: 1040 bytes, rows 4 banks apart
 constexpr int kPPitch = kKeys + 8;      // bf16 per probability row: 80 bytes
 constexpr int kSPitch = kKeys + 1;      // floats per score row
-constexpr int kOCols = kD / 8;          // output columns per warp (all heads)
+constexpr int kOCols = kD / kWarps;     // output columns per warp (all heads)
 constexpr int kONt = kOCols / 8;        // n tiles of 8 columns per warp
 
 struct Smem {
   __nv_bfloat16 q[kH][kQPitch];
   __nv_bfloat16 k[kKeys][kQPitch];
-  float s[2][kH][kSPitch];  // partial scores over the two halves of the dims
+  float s[kDimParts][kH][kSPitch];  // partial scores over the parts of the dims
   __nv_bfloat16 p[kH][kPPitch];
   float m[kH], l[kH], alpha[kH];
-  const float* kp[2][kKeys];  // key rows of this tile and the next (nullptr: past the range)
+  // Key rows of this tile and the next two (nullptr: past the range), a ring: the row pointers
+  // of a CSA tile come from the selection list in global memory, and loading them between the
+  // tile's two barriers put that load's latency on every tile's critical path.
+  const float* kp[3][kKeys];
   float kf[kKeys][kD];        // the next tile's fp32 keys (cp.async)
 };
 
@@ -130,7 +138,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int64_t chunk = ceil_div(ceil_div(nkeys, int64_t(nsplit)), int64_t(kKeys)) * kKeys;
   const int64_t kb = split * chunk < nkeys ? split * chunk : nkeys, ke = kb + chunk < nkeys ? kb + chunk : nkeys;
 
-  if (tid < kKeys) S.kp[0][tid] = kb + tid < ke ? key_ptr(row, kb + tid, lo, nwin, W, kD) : nullptr;
+  if (tid < kKeys)
+#pragma unroll
+    for (int t = 0; t < 2; ++t)
+      S.kp[t][tid] = kb + kKeys * t + tid < ke ? key_ptr(row, kb + kKeys * t + tid, lo, nwin, W, kD) : nullptr;
   __syncthreads();
   if (kb < ke) fetch_keys(S.kf, S.kp[0]);  // the first tile's keys load while q is staged
   stage_bf16(S.q, kH, [&](int h) { return q + (r * H + h0 + h) * kD; });
@@ -139,7 +150,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     S.l[tid] = 0.f;
   }
   const int hs = 16 * (warp & 3);     // S: this warp's heads
-  const int sd0 = (kD / 2) * (warp >> 2);  // S: its half of the dims
+  const int sd0 = (kD / kDimParts) * (warp >> 2);  // S: its part of the dims
   const int oc0 = kOCols * warp;      // O: its output columns
   constexpr int kMt = kH / 16;        // O: m tiles (16 heads each)
   float acc[kMt][kONt][4];
@@ -150,8 +161,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[m][t][i] = 0.f;
 
-  int buf = 0;
-  for (int64_t t0 = kb; t0 < ke; t0 += kKeys, buf ^= 1) {
+  int cur = 0;  // ring slot of tile t0
+  for (int64_t t0 = kb; t0 < ke; t0 += kKeys, cur = cur == 2 ? 0 : cur + 1) {
+    const int nxt = cur == 2 ? 0 : cur + 1, after = nxt == 2 ? 0 : nxt + 1;
+    const int64_t t2 = t0 + 2 * kKeys;  // the tile whose rows this one looks up, loaded before the wait
+    const float* p2 = tid < kKeys && t2 + tid < ke ? key_ptr(row, t2 + tid, lo, nwin, W, kD) : nullptr;
     cp_async_wait<0>();
     __syncthreads();  // this tile's keys are in kf; the previous tile's keys and probabilities are no longer read
     {  // kf (fp32) -> k (bf16)
@@ -162,15 +176,15 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     const int64_t t1 = t0 + kKeys;
-    if (tid < kKeys) S.kp[buf ^ 1][tid] = t1 + tid < ke ? key_ptr(row, t1 + tid, lo, nwin, W, kD) : nullptr;
-    __syncthreads();  // k ready, kf free, the next tile's key rows known
-    if (t1 < ke) fetch_keys(S.kf, S.kp[buf ^ 1]);
-    const float* const* kp = S.kp[buf];
-    {  // partial S = Q K^T for 16 heads x 32 keys over half of the dims
+    if (tid < kKeys) S.kp[after][tid] = p2;  // its slot was last read by the previous tile's softmax
+    __syncthreads();  // k ready, kf free
+    if (t1 < ke) fetch_keys(S.kf, S.kp[nxt]);
+    const float* const* kp = S.kp[cur];
+    {  // partial S = Q K^T for 16 heads x 32 keys over a part of the dims
       float c[kKeys / 8][4] = {};
       const int mi = lane >> 3, rr = lane & 7;
 #pragma unroll 4
-      for (int k0 = sd0; k0 < sd0 + kD / 2; k0 += 16) {
+      for (int k0 = sd0; k0 < sd0 + kD / kDimParts; k0 += 16) {
         uint32_t a[4];
         ldsm_x4(a, a_addr(S.q, hs, k0));
 #pragma unroll
@@ -193,31 +207,35 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     __syncthreads();
-    {  // online softmax: head tid / 4, keys 8 (tid % 4) .. + 8 (the 4 lanes of a head are adjacent)
-      const int h = tid >> 2, k0 = 8 * (tid & 3);
+    {  // online softmax: head tid / kHeadLanes, kLaneKeys keys per lane (a head's lanes are adjacent)
+      const int h = tid / kHeadLanes, k0 = kLaneKeys * (tid % kHeadLanes);
       const float m_old = S.m[h], l_old = S.l[h];
-      float v[8], mx = -INFINITY;
+      float v[kLaneKeys], mx = -INFINITY;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        v[j] = kp[k0 + j] ? (S.s[0][h][k0 + j] + S.s[1][h][k0 + j]) * scale : -INFINITY;
+      for (int j = 0; j < kLaneKeys; ++j) {
+        float sc = S.s[0][h][k0 + j];
+#pragma unroll
+        for (int part = 1; part < kDimParts; ++part) sc += S.s[part][h][k0 + j];
+        v[j] = kp[k0 + j] ? sc * scale : -INFINITY;
         mx = fmaxf(mx, v[j]);
       }
-      mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, 2));
+#pragma unroll
+      for (int o = 1; o < kHeadLanes; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, o));
       const float m_new = fmaxf(m_old, mx);
-      uint32_t pk[4];
+      uint32_t pk[kLaneKeys / 2];
       float sum = 0.f;
 #pragma unroll
-      for (int j = 0; j < 8; j += 2) {
+      for (int j = 0; j < kLaneKeys; j += 2) {
         // The sum takes the probabilities as the PV product sees them (rounded to bf16).
         pk[j / 2] = pack_bf16(v[j] == -INFINITY ? 0.f : expf(v[j] - m_new), v[j + 1] == -INFINITY ? 0.f : expf(v[j + 1] - m_new));
         const __nv_bfloat162 pr = *reinterpret_cast<const __nv_bfloat162*>(&pk[j / 2]);
         sum += __low2float(pr) + __high2float(pr);
       }
-      sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 1);
-      sum += __shfl_xor_sync(0xFFFFFFFFu, sum, 2);
-      *reinterpret_cast<uint4*>(&S.p[h][k0]) = make_uint4(pk[0], pk[1], pk[2], pk[3]);
-      if ((tid & 3) == 0) {  // after the shuffles: every lane of the head has read m_old / l_old
+#pragma unroll
+      for (int o = 1; o < kHeadLanes; o <<= 1) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
+      static_assert(kLaneKeys == 4, "two words of probabilities per lane");
+      *reinterpret_cast<uint2*>(&S.p[h][k0]) = make_uint2(pk[0], pk[1]);
+      if (tid % kHeadLanes == 0) {  // after the shuffles: every lane of the head has read m_old / l_old
         const float a = expf(m_old - m_new);
         S.alpha[h] = a;
         S.m[h] = m_new;
@@ -225,7 +243,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     __syncthreads();
-    {  // O = alpha O + P V for 64 heads x 64 columns
+    {  // O = alpha O + P V for 64 heads x kOCols columns
 #pragma unroll
       for (int m = 0; m < kMt; ++m) {
         const float a_lo = S.alpha[16 * m + g], a_hi = S.alpha[16 * m + g + 8];
