@@ -124,9 +124,9 @@ struct AttnRow {
   int64_t n_sel;
 };
 // q [R, H, D] → o [R, H, D]: softmax over window + compressed keys (K = V) with a sink logit
-// per head in the denominator, scale 1/sqrt(D). fast (H % 64 == 0, D == 512, R x H >= 128):
-// q, keys and probabilities rounded to bf16 on tensor cores, fp32 accumulation
-// (ops_attention_mma.cu); otherwise (other shapes, one row of 64 heads) the fp32 twin of the CPU.
+// per head in the denominator, scale 1/sqrt(D). fast (H % 64 == 0, D == 512): q, keys and
+// probabilities rounded to bf16 on tensor cores, fp32 accumulation (ops_attention_mma.cu);
+// otherwise (other shapes) the fp32 twin of the CPU.
 void sparse_attention(const float* q, const AttnRow* rows, int64_t R, int64_t H, int64_t D, int64_t W,
                       const float* sink, float* o, cudaStream_t s, bool fast = false);
 

@@ -29,6 +29,11 @@ constexpr int kAK = 32;       // keys per tile (= lanes)
 constexpr int kAThreads = 256;
 constexpr int kMaxD = 2 * kAThreads;  // PV: each thread owns two output columns
 constexpr int kMaxSplit = 16;         // key-list splits per (row, head group) at small batches
+// The tensor-core kernel's splits when a call is one row of 64 heads: that CTA holds all heads,
+// so the row needs more splits to spread its keys (640: 20 CTAs of one 32-key tile each) over the
+// SMs (bench_ops, 1 row: 35.4 -> 27.4 us). At 8 rows 17 splits instead of 16 measured slower
+// (33.1 -> 39.4 us, the wider merge), so batches keep kMaxSplit.
+constexpr int kMaxSplitMma = 32;
 
 struct AttnSmem {
   // Offsets (in floats) into the dynamic shared buffer for a head dim D.
@@ -174,7 +179,9 @@ __global__ void __launch_bounds__(kAThreads, 2)  // 2 blocks per SM (the shared 
 
 // o[r, h] = Σ_s e^{m_s - M} acc_s / (Σ_s e^{m_s - M} l_s + e^{sink - M}).
 // The split weights e^{m_s - M} and 1/den are computed once per (row, head) by the first warp
-// (nsplit <= 16 lanes) instead of by every thread for every column.
+// (nsplit <= MAXS <= 32 lanes) instead of by every thread for every column. The split loads are
+// unconditional (a test of each split's weight before its load serialised them: +18% at 64 rows).
+template <int MAXS>
 __global__ void attention_merge_kernel(const float* partial, const float2* ml, int64_t H, int64_t D, int nsplit,
                                        const float* sink, float* o) {
   __shared__ float wgt[32];
@@ -194,7 +201,7 @@ __global__ void attention_merge_kernel(const float* partial, const float2* ml, i
   for (int64_t c = threadIdx.x; c < D; c += blockDim.x) {
     float v = 0.f;
 #pragma unroll
-    for (int s = 0; s < kMaxSplit; ++s)  // unrolled: the split loads are in flight together
+    for (int s = 0; s < MAXS; ++s)  // unrolled: the split loads are in flight together
       if (s < nsplit) v += wgt[s] * partial[(rh * nsplit + s) * D + c];
     o[rh * D + c] = v * inv;
   }
@@ -208,17 +215,19 @@ void sparse_attention(const float* q, const AttnRow* rows, int64_t R, int64_t H,
   DSV4_CHECK(W >= 1, "cuda::sparse_attention: window must be >= 1");
   if (R == 0 || H == 0) return;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  // A single row of 64 heads stays on the fp32 kernel: as fast there (bench_ops, 2026-12-03:
-  // 36.2 vs 37.7 us; the 16 key splits each stage all of q) and exact.
   const int64_t ctas = detail::attention_mma_ok(H, D) ? R * (H / detail::kAttnMmaHeads) : 0;
-  if (fast && ctas >= 2) {
+  if (fast && ctas >= 1) {
     // One CTA per SM (its O accumulators fill the registers): split keys up to about one wave.
-    const int nsplit = static_cast<int>(std::clamp<int64_t>(ceil_div(sm_count(), ctas), 1, kMaxSplit));
+    const int nsplit =
+        static_cast<int>(std::clamp<int64_t>(ceil_div(sm_count(), ctas), 1, ctas == 1 ? kMaxSplitMma : kMaxSplit));
     if (nsplit == 1) return detail::attention_mma(q, rows, R, H, W, sink, scale, 1, o, nullptr, nullptr, s);
     float* partial = async_scratch_of<float>(R * H * nsplit * D, s);
     float2* ml = async_scratch_of<float2>(R * H * nsplit, s);
     detail::attention_mma(q, rows, R, H, W, sink, scale, nsplit, o, partial, ml, s);
-    attention_merge_kernel<<<R * H, 128, 0, s>>>(partial, ml, H, D, nsplit, sink, o);
+    if (nsplit > kMaxSplit)
+      attention_merge_kernel<kMaxSplitMma><<<R * H, 128, 0, s>>>(partial, ml, H, D, nsplit, sink, o);
+    else
+      attention_merge_kernel<kMaxSplit><<<R * H, 128, 0, s>>>(partial, ml, H, D, nsplit, sink, o);
     DSV4_CUDA_LAUNCH_CHECK();
     async_release(partial, s);
     async_release(ml, s);
@@ -241,7 +250,7 @@ void sparse_attention(const float* q, const AttnRow* rows, int64_t R, int64_t H,
   float2* ml = async_scratch_of<float2>(R * H * nsplit, s);
   attention_kernel<<<grid, kAThreads, smem, s>>>(q, rows, H, D, W, sink, scale, o, nsplit, partial, ml);
   DSV4_CUDA_LAUNCH_CHECK();
-  attention_merge_kernel<<<R * H, 128, 0, s>>>(partial, ml, H, D, nsplit, sink, o);
+  attention_merge_kernel<kMaxSplit><<<R * H, 128, 0, s>>>(partial, ml, H, D, nsplit, sink, o);
   DSV4_CUDA_LAUNCH_CHECK();
   async_release(partial, s);
   async_release(ml, s);

@@ -91,10 +91,14 @@ TEST(CudaOpsAttention, SwaPrefixFromZero) {
   DSV4_REQUIRE_GPU();
   run_case(Kind::SWA, 37, 0, 64, 512, 128, 0, 0);
 }
-// The Fast tensor-core kernel (H % 64 == 0, D 512): split keys at decode sizes (some splits
-// hold fewer than a 32-key tile, some none), one CTA per row at prefill sizes, two head groups.
+// The Fast tensor-core kernel (H % 64 == 0, D 512): split keys at decode sizes (up to 32 splits:
+// some hold fewer than a 32-key tile, some none), one CTA per row at prefill sizes, two head
+// groups; a single row with the window alone (most splits empty) and with a long HCA list.
 TEST(CudaOpsAttention, FastTensorCoreDecodeAndPrefill) {
   DSV4_REQUIRE_GPU();
+  run_case(Kind::CSA, 1, 5000, 64, 512, 128, 3000, 512, Path::FastMma);
+  run_case(Kind::SWA, 1, 5000, 64, 512, 128, 0, 0, Path::FastMma);
+  run_case(Kind::HCA, 1, 5000, 64, 512, 128, 3000, 0, Path::FastMma);
   run_case(Kind::CSA, 2, 5000, 64, 512, 128, 3000, 512, Path::FastMma);
   run_case(Kind::CSA, 40, 200, 64, 512, 128, 800, 512, Path::FastMma);
   run_case(Kind::HCA, 3, 70, 64, 512, 128, 300, 0, Path::FastMma);
@@ -102,11 +106,10 @@ TEST(CudaOpsAttention, FastTensorCoreDecodeAndPrefill) {
   run_case(Kind::CSA, 300, 1000, 64, 512, 128, 900, 512, Path::FastMma);
   run_case(Kind::CSA, 2, 600, 128, 512, 128, 700, 512, Path::FastMma);
 }
-// Shapes the tensor-core kernel does not take, and a single row of 64 heads, run the fp32
-// kernel in Fast precision too.
+// Shapes the tensor-core kernel does not take run the fp32 kernel in Fast precision too.
 TEST(CudaOpsAttention, FastFallsBackToFp32ForOtherShapes) {
   DSV4_REQUIRE_GPU();
-  run_case(Kind::CSA, 1, 5000, 64, 512, 128, 3000, 512, Path::FastFallback);
+  run_case(Kind::CSA, 1, 5000, 32, 512, 128, 3000, 512, Path::FastFallback);
   run_case(Kind::CSA, 6, 9, 4, 128, 8, 5, 4, Path::FastFallback);
   run_case(Kind::HCA, 5, 300, 64, 256, 128, 40, 0, Path::FastFallback);
 }
