@@ -96,27 +96,27 @@ void bench_fp8_linear(FastLinear& fast, const char* name, int64_t out, int64_t i
     views.push_back(w);
   }
   const int64_t xin = groups * in, ng = out / groups;
-  for (int64_t rows : {1, 2, 4, 8, 16, 64, 256, 4096}) {
-    if (groups > 1 && rows != 1 && rows != 8 && rows != 64) continue;
+  for (int64_t rows : {1, 2, 4, 8, 16, 32, 64, 256, 4096}) {
+    if (groups > 1 && rows != 1 && rows != 8 && rows != 16 && rows != 32 && rows != 64) continue;
     DeviceBuffer x(static_cast<size_t>(rows * xin) * 4), y(static_cast<size_t>(rows * out) * 4);
     // Random activations (zeros would let the hardware skip work): N(0, 1).
     dsv4::cuda::fill_normal_f32(x.as<float>(), rows * xin, 1.f, 5 + rows, nullptr);
     const double bytes = double(wbytes + sbytes) + rows * xin * 4.0 + rows * out * 4.0, flops = 2.0 * rows * out * in;
     char buf[96];
     if (groups == 1) {
-      // Decode sizes: the GEMV on quantised activations and cuBLASLt (rows padded to 4), both.
-      // and the tensor-core GEMV (<= 8 rows).
+      // Decode sizes: the tensor-core GEMV (<= 32 rows), the SIMT GEMV on quantised activations
+      // (<= 16 rows) and cuBLASLt (rows padded to 4).
       const int def = fast.gemv_max_rows();
       for (const char* how : {"mma", "gemv", "lt"}) {
         const std::string h = how;
-        if ((rows > 16 && h != "lt") || (rows > 8 && h == "mma")) continue;
+        if ((rows > 32 && h != "lt") || (rows > 16 && h == "gemv")) continue;
         fast.set_mma_gemv(h == "mma");
         fast.set_gemv_max_rows(h == "lt" ? 0 : 16);
         const double us = median_us([&](int i) {
           fast.run(views[i % copies], x.as<float>(), rows, y.as<float>(), 0, out, in, out, nullptr);
         });
         std::snprintf(buf, sizeof buf, "fp8 %-5s %5lldx%-5lld rows %4lld %s", name, (long long)out, (long long)in,
-                      (long long)rows, rows > 16 ? "" : how);
+                      (long long)rows, rows > 32 ? "" : how);
         report(buf, us, bytes, flops);
       }
       fast.set_gemv_max_rows(def);
@@ -126,11 +126,15 @@ void bench_fp8_linear(FastLinear& fast, const char* name, int64_t out, int64_t i
     const double grouped = median_us([&](int i) {
       fast.run_grouped(views[i % copies], groups, x.as<float>(), rows, y.as<float>(), xin, out, nullptr);
     });
+    // The per-group loop as it ran before the tensor-core GEMV took grouped rows: above 8 rows
+    // on cuBLASLt (rows <= 8 still on the GEMV).
+    fast.set_mma_gemv(rows <= 8);
     const double looped = median_us([&](int i) {
       for (int64_t g = 0; g < groups; ++g)
         fast.run(views[i % copies], x.as<float>() + g * in, rows, y.as<float>() + g * ng, g * ng, (g + 1) * ng, xin,
                  out, nullptr);
     });
+    fast.set_mma_gemv(true);
     std::snprintf(buf, sizeof buf, "fp8 %-5s %lldx%lldx%lld rows %4lld", name, (long long)groups, (long long)ng,
                   (long long)in, (long long)rows);
     report(buf, grouped, bytes, flops);

@@ -20,6 +20,8 @@
 # EXTRA_TESTS and `dsv4 bench --profile`.
 # moe-profile: ncu sections (bandwidth, stalls, occupancy) of the tensor-core MoE kernels at 1 and 64
 # tokens, of the FP8 tensor-core GEMV (wq_b, 1 row) and of the small kernels of a decode step.
+# dev: EXTRA_TESTS, MEMCHECK ("binary filter;..."), bench_linear BENCH_LINEAR, bench_ops
+# BENCH_OPS_PARTS, `dsv4 bench --profile` and step (a few decode kernels changed).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 MODE="${1:-all}"
@@ -57,6 +59,7 @@ read -r -a extra <<<"${EXTRA_TESTS:-}"
 [[ "$MODE" == moe || "$MODE" == moe-ncu ]] && targets=(--target cuda_moe_test bench_linear dsv4 "${extra[@]}")
 [[ "$MODE" == ops-ncu ]] && targets=(--target bench_ops dsv4 "${extra[@]}")
 [[ "$MODE" == moe-attn ]] && targets=(--target cuda_moe_test cuda_ops_attention_test bench_linear bench_ops dsv4 "${extra[@]}")
+[[ "$MODE" == dev ]] && targets=(--target bench_linear bench_ops dsv4 "${extra[@]}")
 if ! cmake --build "$BUILD" -j"$JOBS" "${targets[@]}" >"$LOG/build.log" 2>&1; then
   grep -E "error|Error" "$LOG/build.log" | head -40; cp "$LOG/build.log" "$OUT/"; echo "build FAILED"; exit 1
 fi
@@ -78,7 +81,36 @@ if [[ "$MODE" == quick || "$MODE" == verify || "$MODE" == final ]]; then
   e2e_profile
 fi
 
-if [[ "$MODE" == step || "$MODE" == quick || "$MODE" == verify || "$MODE" == final ]]; then
+# dev: the EXTRA_TESTS binaries, memcheck on MEMCHECK ("binary filter;binary filter"),
+# bench_linear BENCH_LINEAR (a part name), bench_ops BENCH_OPS_PARTS, dsv4 bench --profile and
+# the ncu decode step: one round trip for a change to a few decode kernels.
+if [[ "$MODE" == dev ]]; then
+  for t in "${extra[@]}"; do
+    timeout 200 "$BUILD/tests/cuda/$t" >"$LOG/$t.log" 2>&1
+    summary+=("$t: rc=$? $(grep -E 'PASSED|FAILED' "$LOG/$t.log" | tr '\n' ' ')")
+    grep -E "Failure|Expected|Which is|error|rel" "$LOG/$t.log" | head -30 >>"$LOG/extra-tests-summary.log"
+  done
+  cp "$LOG/extra-tests-summary.log" "$OUT/" 2>/dev/null
+  IFS=';' read -r -a checks <<<"${MEMCHECK:-}"
+  for spec in "${checks[@]}"; do
+    set -f
+    set -- $spec
+    set +f
+    timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 "$BUILD/tests/cuda/$1" --gtest_filter="${2:-*}" \
+      >"$LOG/sanitizer-$1.log" 2>&1
+    summary+=("memcheck $1 (${2:-*}): rc=$? $(grep -E 'ERROR SUMMARY' "$LOG/sanitizer-$1.log" | tail -1)")
+  done
+  save
+  timeout 200 "$BUILD/bench/bench_linear" ${BENCH_LINEAR:-linear} >"$LOG/bench_linear.log" 2>&1
+  summary+=("bench_linear ${BENCH_LINEAR:-linear}: rc=$?")
+  read -r -a ops_parts <<<"${BENCH_OPS_PARTS:-attention}"
+  timeout 200 "$BUILD/bench/bench_ops" "${ops_parts[@]}" >"$LOG/bench_ops.log" 2>&1
+  summary+=("bench_ops ${ops_parts[*]}: rc=$?")
+  cp "$LOG/bench_ops.log" "$OUT/" 2>/dev/null
+  e2e_profile
+fi
+
+if [[ "$MODE" == step || "$MODE" == quick || "$MODE" == dev || "$MODE" == verify || "$MODE" == final ]]; then
   # Each kernel's own duration in one eager decode step at batch 1 (what a graph replay pays).
   timeout 200 ncu --nvtx --nvtx-include "dsv4_decode_step/" --metrics gpu__time_duration.sum --csv \
     "$BUILD/tools/dsv4" bench --preset v4-flash --layers 8 --random-weights --batches 1 --prefill 64 --steps 2 \

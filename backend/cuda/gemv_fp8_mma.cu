@@ -1,4 +1,4 @@
-// FP8 linears at decode sizes (<= 8 activation rows) on tensor cores: the SIMT GEMV spends ~60
+// FP8 linears at decode sizes (<= 32 activation rows) on tensor cores: the SIMT GEMV spends ~60
 // instructions per 16 weight bytes (e4m3 -> f32 converts, 16 FMAs, 4 activation loads) and
 // is instruction-bound near the byte floor; mma.m16n8k32 on e4m3 operands takes the weight bytes
 // and the activation codes of act_quant_fp8 as they are stored (the earlier f16 form of this
@@ -24,12 +24,12 @@
 namespace dsv4::cuda::detail {
 namespace {
 
-template <int RT, int KS>
+template <int RT, int KS, int NB>
 __global__ void __launch_bounds__(RT * KS * 32)
     fp8_mma_gemv_kernel(DevWeight w, const uint8_t* __restrict__ xq, int64_t ldq, const float* __restrict__ xs,
                         int64_t ldxs, int rows, float* __restrict__ y, int64_t row_begin, int64_t n, int64_t ldy,
                         int64_t grp_rows, int64_t grp_x) {
-  __shared__ float red[RT][KS][4][32];
+  __shared__ float red[RT][KS][NB * 4][32];
   pdl_trigger();  // a GEMV on the same activations right after this one may start its prefetch
   {  // the CTA's weight rows into L2 while the activations are still being quantised (pdl.cuh)
     const int64_t first = static_cast<int64_t>(blockIdx.x) * RT * 16, count = min(int64_t(RT * 16), n - first);
@@ -43,48 +43,66 @@ __global__ void __launch_bounds__(RT * KS * 32)
   const int64_t kb0 = ks * nkb / KS, kb1 = (ks + 1) * nkb / KS;
   const uint8_t* pa = w.data + (o0 + g) * K + 16 * q;
   const uint8_t* pb = pa + 8 * K;
-  const uint8_t* xr = g < rows ? xq + g * ldq + xoff + 16 * q : nullptr;
-  const int c0 = 2 * q, c1 = 2 * q + 1;
+  // Activation block j holds rows 8j .. 8j+7 (the mma's n = 8 columns); every block reuses the
+  // weight fragments, so the weight is read once for up to 8 * NB rows.
+  const uint8_t* xr[NB];
+  int c0[NB], c1[NB];
+#pragma unroll
+  for (int j = 0; j < NB; ++j) {
+    xr[j] = 8 * j + g < rows ? xq + (8 * j + g) * ldq + xoff + 16 * q : nullptr;
+    c0[j] = 8 * j + 2 * q;
+    c1[j] = c0[j] + 1;
+  }
   const float* sx = xs + (xoff / 128) * ldxs;
-  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  float acc[NB][4] = {};
 #pragma unroll 2
   for (int64_t kb = kb0; kb < kb1; ++kb) {
-    uint4 wa[2], wb[2], xv[2];
+    uint4 wa[2], wb[2], xv[NB][2];
 #pragma unroll
     for (int sp = 0; sp < 2; ++sp) {
       const int64_t k = kb * 128 + sp * 64;
       wa[sp] = __ldg(reinterpret_cast<const uint4*>(pa + k));
       wb[sp] = __ldg(reinterpret_cast<const uint4*>(pb + k));
-      xv[sp] = xr ? __ldg(reinterpret_cast<const uint4*>(xr + k)) : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+      for (int j = 0; j < NB; ++j)
+        xv[j][sp] = xr[j] ? __ldg(reinterpret_cast<const uint4*>(xr[j] + k)) : make_uint4(0u, 0u, 0u, 0u);
     }
     const float sw = scale_at(w, o0 / 128, kb);
-    const float s0 = c0 < rows ? __ldg(sx + kb * ldxs + c0) : 0.f, s1 = c1 < rows ? __ldg(sx + kb * ldxs + c1) : 0.f;
-    float blk[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-    for (int sp = 0; sp < 2; ++sp) {
-      float c[4], e[4];
-      mma_e4m3(c, wa[sp].x, wb[sp].x, wa[sp].y, wb[sp].y, xv[sp].x, xv[sp].y);
-      mma_e4m3(e, wa[sp].z, wb[sp].z, wa[sp].w, wb[sp].w, xv[sp].z, xv[sp].w);
+    for (int j = 0; j < NB; ++j) {
+      const float s0 = c0[j] < rows ? __ldg(sx + kb * ldxs + c0[j]) : 0.f;
+      const float s1 = c1[j] < rows ? __ldg(sx + kb * ldxs + c1[j]) : 0.f;
+      float blk[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-      for (int i = 0; i < 4; ++i) blk[i] += c[i] + e[i];
+      for (int sp = 0; sp < 2; ++sp) {
+        float c[4], e[4];
+        mma_e4m3(c, wa[sp].x, wb[sp].x, wa[sp].y, wb[sp].y, xv[j][sp].x, xv[j][sp].y);
+        mma_e4m3(e, wa[sp].z, wb[sp].z, wa[sp].w, wb[sp].w, xv[j][sp].z, xv[j][sp].w);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) blk[i] += c[i] + e[i];
+      }
+      acc[j][0] += blk[0] * (sw * s0);
+      acc[j][1] += blk[1] * (sw * s1);
+      acc[j][2] += blk[2] * (sw * s0);
+      acc[j][3] += blk[3] * (sw * s1);
     }
-    acc[0] += blk[0] * (sw * s0);
-    acc[1] += blk[1] * (sw * s1);
-    acc[2] += blk[2] * (sw * s0);
-    acc[3] += blk[3] * (sw * s1);
   }
 #pragma unroll
-  for (int i = 0; i < 4; ++i) red[tile][ks][i][lane] = acc[i];
+  for (int j = 0; j < NB; ++j)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) red[tile][ks][4 * j + i][lane] = acc[j][i];
   __syncthreads();
   if (ks != 0) return;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    float v = red[tile][0][i][lane];
-    for (int p = 1; p < KS; ++p) v += red[tile][p][i][lane];
-    const int col = 2 * q + (i & 1);
-    const int64_t row = t0 + g + (i >= 2 ? 8 : 0);
-    if (col < rows && row < n) y[col * ldy + row] = v;
-  }
+  for (int j = 0; j < NB; ++j)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float v = red[tile][0][4 * j + i][lane];
+      for (int p = 1; p < KS; ++p) v += red[tile][p][4 * j + i][lane];
+      const int col = 8 * j + 2 * q + (i & 1);
+      const int64_t row = t0 + g + (i >= 2 ? 8 : 0);
+      if (col < rows && row < n) y[col * ldy + row] = v;
+    }
 }
 
 // K slices per tile: enough warps over the whole matrix to cover ~half the GPU's warp slots,
@@ -97,11 +115,11 @@ int k_slices(int64_t tiles, int64_t nkb) {
   return ks;
 }
 
-template <int RT, int KS>
+template <int RT, int KS, int NB>
 void launch(const DevWeight& w, const uint8_t* xq, int64_t ldq, const float* xs, int64_t ldxs, int rows, float* y,
             int64_t row_begin, int64_t n, int64_t ldy, int64_t grp_rows, int64_t grp_x, cudaStream_t s) {
   const unsigned ctas = static_cast<unsigned>(ceil_div(n / 16, int64_t(RT)));
-  launch_dependent(fp8_mma_gemv_kernel<RT, KS>, dim3(ctas), dim3(RT * KS * 32), 0, s, w, xq, ldq, xs, ldxs, rows, y,
+  launch_dependent(fp8_mma_gemv_kernel<RT, KS, NB>, dim3(ctas), dim3(RT * KS * 32), 0, s, w, xq, ldq, xs, ldxs, rows, y,
                    row_begin, n, ldy, grp_rows, grp_x);
 }
 
@@ -118,11 +136,20 @@ void fp8_mma_gemv(const DevWeight& w, const uint8_t* xq, int64_t ldq, const floa
   DSV4_CHECK(fp8_mma_gemv_ok(w, row_begin, n, grp_rows) && ldq % 16 == 0 && grp_x % 128 == 0,
              "fp8_mma_gemv: unsupported shape");
   // RT x KS = 8 or 16 warps: 16 slices of one tile for small matrices, 4 tiles of 2 for wq_b.
-  switch (k_slices(n / 16, w.in / 128)) {
-    case 16: launch<1, 16>(w, xq, ldq, xs, ldxs, rows, y, row_begin, n, ldy, grp_rows, grp_x, s); break;
-    case 8: launch<1, 8>(w, xq, ldq, xs, ldxs, rows, y, row_begin, n, ldy, grp_rows, grp_x, s); break;
-    case 4: launch<2, 4>(w, xq, ldq, xs, ldxs, rows, y, row_begin, n, ldy, grp_rows, grp_x, s); break;
-    default: launch<4, 2>(w, xq, ldq, xs, ldxs, rows, y, row_begin, n, ldy, grp_rows, grp_x, s); break;
+  // 8-row activation blocks per warp; four need 176 registers, so at most 8 warps (256 threads).
+  const int nb = rows <= 8 ? 1 : rows <= 16 ? 2 : 4;
+  const int ks = std::min(k_slices(n / 16, w.in / 128), nb == 4 ? 8 : 16);
+  switch (ks * 8 + nb) {
+#define DSV4_GEMV_CASE(KS_, RT_, NB_) \
+  case KS_ * 8 + NB_: launch<RT_, KS_, NB_>(w, xq, ldq, xs, ldxs, rows, y, row_begin, n, ldy, grp_rows, grp_x, s); break;
+#define DSV4_GEMV_CASES(NB_) \
+  DSV4_GEMV_CASE(16, 1, NB_) DSV4_GEMV_CASE(8, 1, NB_) DSV4_GEMV_CASE(4, 2, NB_) DSV4_GEMV_CASE(2, 4, NB_)
+    DSV4_GEMV_CASES(1)
+    DSV4_GEMV_CASES(2)
+    DSV4_GEMV_CASE(8, 1, 4) DSV4_GEMV_CASE(4, 2, 4) DSV4_GEMV_CASE(2, 4, 4)
+#undef DSV4_GEMV_CASES
+#undef DSV4_GEMV_CASE
+    default: DSV4_CHECK(false, "fp8_mma_gemv: no kernel for ", rows, " rows");
   }
   DSV4_CUDA_LAUNCH_CHECK();
 }

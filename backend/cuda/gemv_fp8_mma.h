@@ -1,4 +1,4 @@
-// Tensor-core FP8 GEMV for decode (gemv_fp8_mma.cu): y[r, o] for r < rows <= 8 on the e4m3 codes
+// Tensor-core FP8 GEMV for decode (gemv_fp8_mma.cu): y[r, o] for r < rows <= 32 on the e4m3 codes
 // and 1x128 scales of act_quant_fp8 (the W8A8 numbers of FastLinear). Only .cu files include it.
 #pragma once
 #include <cuda_runtime.h>
@@ -9,7 +9,7 @@
 
 namespace dsv4::cuda::detail {
 
-constexpr int kMmaGemvMaxRows = 8;
+constexpr int kMmaGemvMaxRows = 32;  // 8-row activation blocks share each weight fragment
 // FP8 weight, in % 128 == 0, 16-row tiles inside 128-row scale blocks and inside groups.
 bool fp8_mma_gemv_ok(const DevWeight& w, int64_t row_begin, int64_t n, int64_t grp_rows);
 // Output rows [row_begin, row_begin + n) of w; xq [rows, ldq] codes, xs [ldq / 128][ldxs] scales.

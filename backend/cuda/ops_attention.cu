@@ -178,13 +178,20 @@ __global__ void __launch_bounds__(kAThreads, 2)  // 2 blocks per SM (the shared 
 }
 
 // o[r, h] = Σ_s e^{m_s - M} acc_s / (Σ_s e^{m_s - M} l_s + e^{sink - M}).
-// The split weights e^{m_s - M} and 1/den are computed once per (row, head) by the first warp
-// (nsplit <= MAXS <= 32 lanes) instead of by every thread for every column. The split loads are
-// unconditional (a test of each split's weight before its load serialised them: +18% at 64 rows).
+// Grid (row x head, column block of kMergeCols): one column per thread, so a decode row's 64
+// heads x 512 columns spread over 256 blocks (one block per head took 19 us per layer at one
+// row, more than the attention). The first warp of each block computes the split weights
+// e^{m_s - M} and 1/den (nsplit <= MAXS <= 32 lanes) and compacts the splits of non-zero weight
+// (empty ones wrote m = -inf): the loop then loads only those, unrolled and in flight together
+// (a per-split weight test before each load serialised them: +18% at 64 rows).
+constexpr int kMergeCols = 128;
 template <int MAXS>
-__global__ void attention_merge_kernel(const float* partial, const float2* ml, int64_t H, int64_t D, int nsplit,
-                                       const float* sink, float* o) {
+__global__ void __launch_bounds__(kMergeCols)
+    attention_merge_kernel(const float* partial, const float2* ml, int64_t H, int64_t D, int nsplit, const float* sink,
+                           float* o) {
   __shared__ float wgt[32];
+  __shared__ int live_split[32];
+  __shared__ int n_live;
   __shared__ float inv_den;
   const int64_t rh = blockIdx.x, h = rh % H;
   if (threadIdx.x < 32) {
@@ -193,18 +200,35 @@ __global__ void attention_merge_kernel(const float* partial, const float2* ml, i
     const float M = fmaxf(sink[h], detail::warp_max(m.x));
     const float e = lane < nsplit ? expf(m.x - M) : 0.f;
     const float den = detail::warp_sum(e * m.y) + expf(sink[h] - M);
-    wgt[lane] = e;
-    if (lane == 0) inv_den = 1.0f / den;
+    const unsigned live = __ballot_sync(0xffffffffu, e > 0.f);
+    if (e > 0.f) {
+      const int slot = __popc(live & ((1u << lane) - 1u));
+      wgt[slot] = e;
+      live_split[slot] = lane;
+    }
+    if (lane == 0) {
+      inv_den = 1.0f / den;
+      n_live = __popc(live);
+    }
   }
   __syncthreads();
-  const float inv = inv_den;
-  for (int64_t c = threadIdx.x; c < D; c += blockDim.x) {
-    float v = 0.f;
+  const int64_t c = static_cast<int64_t>(blockIdx.y) * kMergeCols + threadIdx.x;
+  if (c >= D) return;
+  const int nl = n_live;
+  const float* base = partial + rh * nsplit * D + c;
+  float v = 0.f;
 #pragma unroll
-    for (int s = 0; s < MAXS; ++s)  // unrolled: the split loads are in flight together
-      if (s < nsplit) v += wgt[s] * partial[(rh * nsplit + s) * D + c];
-    o[rh * D + c] = v * inv;
-  }
+  for (int s = 0; s < MAXS; ++s)
+    if (s < nl) v += wgt[s] * base[live_split[s] * D];
+  o[rh * D + c] = v * inv_den;
+}
+
+template <int MAXS>
+void merge(const float* partial, const float2* ml, int64_t R, int64_t H, int64_t D, int nsplit, const float* sink,
+           float* o, cudaStream_t s) {
+  const dim3 grid(static_cast<unsigned>(R * H), static_cast<unsigned>(ceil_div(D, int64_t(kMergeCols))));
+  attention_merge_kernel<MAXS><<<grid, kMergeCols, 0, s>>>(partial, ml, H, D, nsplit, sink, o);
+  DSV4_CUDA_LAUNCH_CHECK();
 }
 
 }  // namespace
@@ -225,10 +249,9 @@ void sparse_attention(const float* q, const AttnRow* rows, int64_t R, int64_t H,
     float2* ml = async_scratch_of<float2>(R * H * nsplit, s);
     detail::attention_mma(q, rows, R, H, W, sink, scale, nsplit, o, partial, ml, s);
     if (nsplit > kMaxSplit)
-      attention_merge_kernel<kMaxSplitMma><<<R * H, 128, 0, s>>>(partial, ml, H, D, nsplit, sink, o);
+      merge<kMaxSplitMma>(partial, ml, R, H, D, nsplit, sink, o, s);
     else
-      attention_merge_kernel<kMaxSplit><<<R * H, 128, 0, s>>>(partial, ml, H, D, nsplit, sink, o);
-    DSV4_CUDA_LAUNCH_CHECK();
+      merge<kMaxSplit>(partial, ml, R, H, D, nsplit, sink, o, s);
     async_release(partial, s);
     async_release(ml, s);
     return;
@@ -250,8 +273,7 @@ void sparse_attention(const float* q, const AttnRow* rows, int64_t R, int64_t H,
   float2* ml = async_scratch_of<float2>(R * H * nsplit, s);
   attention_kernel<<<grid, kAThreads, smem, s>>>(q, rows, H, D, W, sink, scale, o, nsplit, partial, ml);
   DSV4_CUDA_LAUNCH_CHECK();
-  attention_merge_kernel<kMaxSplit><<<R * H, 128, 0, s>>>(partial, ml, H, D, nsplit, sink, o);
-  DSV4_CUDA_LAUNCH_CHECK();
+  merge<kMaxSplit>(partial, ml, R, H, D, nsplit, sink, o, s);
   async_release(partial, s);
   async_release(ml, s);
 }

@@ -9,7 +9,7 @@
 // SM (242 registers) waiting on each key tile's loads, so the next tile's fp32 keys now arrive
 // by cp.async into a staging buffer while this tile is multiplied. Same split / merge scheme as
 // the fp32 kernel, with up to 32 splits so that a decode row's keys spread over ~20 CTAs of one
-// tile each (a split without keys writes m = -inf and zeros, without staging q).
+// tile each (a split without keys writes only m = -inf, which the merge skips).
 // 16 warps (one CTA per SM: 2 warps per scheduler left it latency-bound, 0.38 eligible warps,
 // IPC 1.3). Warp w: S of heads 16 (w % 4).. x all 32 keys over dims 128 (w / 4).. (the four
 // parts' partial scores are added by the softmax), O of all 64 heads x columns 32 w... Each q
@@ -137,12 +137,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int64_t nkeys = nwin + (row.sel ? row.n_sel : row.n_entries);
   const int64_t chunk = ceil_div(ceil_div(nkeys, int64_t(nsplit)), int64_t(kKeys)) * kKeys;
   const int64_t kb = split * chunk < nkeys ? split * chunk : nkeys, ke = kb + chunk < nkeys ? kb + chunk : nkeys;
-  if (kb >= ke && partial) {  // no keys in this split: weight 0 and zero accumulators, q not staged
+  if (kb >= ke && partial) {  // no keys in this split: weight 0 (the merge skips its accumulators)
     const int64_t slot0 = (r * H + h0) * nsplit + split;
     if (tid < kH) ml[slot0 + tid * nsplit] = make_float2(-INFINITY, 0.f);
-    for (int i = tid; i < kH * (kD / 4); i += kThreads)
-      reinterpret_cast<float4*>(partial + (slot0 + (i / (kD / 4)) * nsplit) * kD)[i % (kD / 4)] =
-          make_float4(0.f, 0.f, 0.f, 0.f);
     return;
   }
 
