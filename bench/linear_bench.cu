@@ -111,6 +111,7 @@ void bench_fp8_linear(FastLinear& fast, const char* name, int64_t out, int64_t i
         const std::string h = how;
         if ((rows > 32 && h != "lt") || (rows > 16 && h == "gemv")) continue;
         fast.set_mma_gemv(h == "mma");
+        fast.set_wide_mma_max_bytes(int64_t(1) << 40);  // "mma" is the GEMV at every size
         fast.set_gemv_max_rows(h == "lt" ? 0 : 16);
         const double us = median_us([&](int i) {
           fast.run(views[i % copies], x.as<float>(), rows, y.as<float>(), 0, out, in, out, nullptr);
@@ -121,6 +122,7 @@ void bench_fp8_linear(FastLinear& fast, const char* name, int64_t out, int64_t i
       }
       fast.set_gemv_max_rows(def);
       fast.set_mma_gemv(true);
+      fast.set_wide_mma_max_bytes(FastLinear::kDefaultWideMmaMaxBytes);
       continue;
     }
     const double grouped = median_us([&](int i) {

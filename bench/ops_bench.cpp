@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "backend/cuda/check.h"
+#include "backend/cuda/ops_mhc_decode.h"
 #include "backend/cuda/device.h"
 #include "backend/cuda/ops.h"
 
@@ -99,7 +100,7 @@ void bench_rms_norm() {
 
 void bench_hc() {
   const int64_t n = 4, d = 4096, n_out = (2 + n) * n;
-  DeviceBuffer fn = floats(n_out * n * d, 1.0f / 128), base = floats(n_out), scale = floats(3);
+  DeviceBuffer fn = floats(n_out * n * d, 1.0f / 128), base = floats(n_out), scale = floats(3), g = floats(d);
   const HcParams p{fn.as<float>(), base.as<float>(), scale.as<float>()};
   for (int64_t R : kRows) {
     DeviceBuffer X = floats(R * n * d), pre(R * n * 4), post(R * n * 4), comb(R * n * n * 4), u(R * d * 4),
@@ -110,6 +111,19 @@ void bench_hc() {
     });
     report("hc_pre", R, "n 4, d 4096", us, (double(R) * n * d + n_out * n * d + R * d) * 4,
            2.0 * R * n * d * (n_out + 1 + n));
+    // With the sub-layer norm (the model's call): one launch up to 4 rows, against the split-K
+    // projection + finish + rms_norm it replaces.
+    for (bool fused : {true, false}) {
+      if (!fused && dsv4::cuda::detail::hc_pre_decode_slices(R, n, d) == 0) continue;
+      dsv4::cuda::detail::set_hc_pre_decode_enabled(fused);
+      us = median_us([&] {
+        hc_pre(p, X.as<float>(), R, n, d, 20, 1e-6f, 1e-6f, pre.as<float>(), post.as<float>(), comb.as<float>(),
+               u.as<float>(), nullptr, nullptr, nullptr, g.as<float>(), 1e-6f);
+      });
+      dsv4::cuda::detail::set_hc_pre_decode_enabled(true);
+      report(fused ? "hc_pre+norm" : "  (3 launches)", R, "n 4, d 4096", us,
+             (double(R) * n * d + n_out * n * d + R * d + d) * 4, 2.0 * R * n * d * (n_out + 1 + n));
+    }
     us = median_us([&] {
       hc_post(post.as<float>(), comb.as<float>(), F.as<float>(), X.as<float>(), R, n, d, nullptr);
     });

@@ -21,7 +21,8 @@
 # moe-profile: ncu sections (bandwidth, stalls, occupancy) of the tensor-core MoE kernels at 1 and 64
 # tokens, of the FP8 tensor-core GEMV (wq_b, 1 row) and of the small kernels of a decode step.
 # dev: EXTRA_TESTS, MEMCHECK ("binary filter;..."), bench_linear BENCH_LINEAR, bench_ops
-# BENCH_OPS_PARTS, `dsv4 bench --profile` and step (a few decode kernels changed).
+# BENCH_OPS_PARTS, `dsv4 bench --profile`, GEN_CHECK=1: the CLI speculative checks, then step
+# (a few decode kernels changed).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 MODE="${1:-all}"
@@ -44,6 +45,18 @@ e2e_profile() {
     >"$LOG/e2e-profile.log" 2>&1
   summary+=("dsv4 bench --profile: rc=$?")
   cp "$LOG/e2e-profile.log" "$LOG/bench_linear.log" "$OUT/" 2>/dev/null
+  save
+}
+
+# Greedy CLI generation with and without MTP speculation (k = 1..3 verify 2-4 rows): same ids.
+generate_check() {
+  gen=("$BUILD/tools/dsv4" generate --device cuda --prompt-ids 3,17,99,250,7,7,41 --max-new-tokens 40)
+  want=$("${gen[@]}" 2>"$LOG/generate-plain.log")
+  for k in 1 2 3; do
+    got=$("${gen[@]}" --speculative-tokens $k 2>"$LOG/generate-spec-$k.log")
+    [[ -n "$want" && "$got" == "$want" ]] && r=same || r="DIFFERENT ($got vs $want)"
+    summary+=("generate --device cuda --speculative-tokens $k: $r; $(grep speculative "$LOG/generate-spec-$k.log")")
+  done
   save
 }
 
@@ -108,6 +121,7 @@ if [[ "$MODE" == dev ]]; then
   summary+=("bench_ops ${ops_parts[*]}: rc=$?")
   cp "$LOG/bench_ops.log" "$OUT/" 2>/dev/null
   e2e_profile
+  [[ "${GEN_CHECK:-0}" == 1 ]] && generate_check
 fi
 
 if [[ "$MODE" == step || "$MODE" == quick || "$MODE" == dev || "$MODE" == verify || "$MODE" == final ]]; then
@@ -276,14 +290,7 @@ if [[ "$MODE" == tests || "$MODE" == all || "$MODE" == verify || "$MODE" == fina
     save
   fi
   # MTP speculation through the CLI: greedy tokens identical to plain decoding for k = 1..3.
-  gen=("$BUILD/tools/dsv4" generate --device cuda --prompt-ids 3,17,99,250,7,7,41 --max-new-tokens 40)
-  want=$("${gen[@]}" 2>"$LOG/generate-plain.log")
-  for k in 1 2 3; do
-    got=$("${gen[@]}" --speculative-tokens $k 2>"$LOG/generate-spec-$k.log")
-    [[ -n "$want" && "$got" == "$want" ]] && r=same || r="DIFFERENT ($got vs $want)"
-    summary+=("generate --device cuda --speculative-tokens $k: $r; $(grep speculative "$LOG/generate-spec-$k.log")")
-  done
-  save
+  generate_check
 fi
 
 if [[ "$MODE" == bench || "$MODE" == all ]]; then

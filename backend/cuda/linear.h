@@ -62,9 +62,13 @@ class FastLinear {
   static constexpr int kDefaultGemvMaxRows = 2;
   int gemv_max_rows() const { return gemv_max_rows_; }
   void set_gemv_max_rows(int r);
-  // FP8 weights at <= 8 rows: tensor-core GEMV (on by default; DSV4_FP8_MMA_GEMV=0 turns it off).
+  // FP8 weights at <= 32 rows: tensor-core GEMV (on by default; DSV4_FP8_MMA_GEMV=0 turns it off).
+  // Past 8 rows only for grouped weights and plain ones of at most wide_mma_max_bytes (larger
+  // ones stream faster through cuBLASLt there; tests and benchmarks raise the bound).
   bool mma_gemv() const { return mma_gemv_; }
   void set_mma_gemv(bool on) { mma_gemv_ = on; }
+  static constexpr int64_t kDefaultWideMmaMaxBytes = 16ll << 20;
+  void set_wide_mma_max_bytes(int64_t b);
   // Per-weight data (expanded FP8 scales) is cached by device address: call this when weights
   // are freed or replaced, so a new weight at a reused address is not served stale scales.
   void forget_weights();

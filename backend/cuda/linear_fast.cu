@@ -248,8 +248,13 @@ struct FastLinear::Impl {
   // FP8 weights at <= 8 rows on tensor cores (gemv_fp8_mma.cu); groups > 1: block-diagonal with
   // x of groups * w.in columns. False (nothing enqueued) when the shape does not fit.
   DeviceBuffer xq8, xs8;
+  // Past 8 rows (2-4 activation blocks per weight fragment, fewer resident warps) the GEMV beats
+  // cuBLASLt on small weights and on grouped ones (one launch for all groups), not on 32 MB
+  // plain ones (bench_linear, 32 rows: wq_a 16.1 vs 18.9 us, wo_b 34.4 vs 25.0 us).
+  int64_t wide_max_bytes = FastLinear::kDefaultWideMmaMaxBytes;
   bool mma_fp8_fits(const WeightView& w, int64_t rows, int64_t row_begin, int64_t n, int64_t groups) const {
-    return w.format == WeightFormat::FP8Block && rows <= detail::kMmaGemvMaxRows &&
+    const bool wide_ok = rows <= 8 || groups > 1 || n * w.in <= wide_max_bytes;
+    return w.format == WeightFormat::FP8Block && rows <= detail::kMmaGemvMaxRows && wide_ok &&
            detail::fp8_mma_gemv_ok(detail::dev_weight(w), row_begin, n, n / groups);
   }
   void quantise_for_mma(const float* x, int64_t rows, int64_t cols, int64_t ldx, cudaStream_t s) {
@@ -301,6 +306,8 @@ void FastLinear::set_gemv_max_rows(int r) {
   gemv_max_rows_ = r;
 }
 FastLinear::~FastLinear() = default;
+
+void FastLinear::set_wide_mma_max_bytes(int64_t b) { impl_->wide_max_bytes = b; }
 
 void FastLinear::forget_weights() {
   DSV4_CUDA_CHECK(cudaDeviceSynchronize());  // queued GEMMs may still read the scales

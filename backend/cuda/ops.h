@@ -36,13 +36,16 @@ struct HcParams {
   const float* scale;  // [3] or [1]
 };
 
-// pre/post [R, n], comb [R, n, n] (Sinkhorn, `iters` rounds), u [R, d] = Σ pre_i X_i.
+// pre/post [R, n], comb [R, n, n] (Sinkhorn, `iters` rounds), u [R, d] = Σ pre_i X_i, or with
+// norm_w the sub-layer's input norm of it, rms_norm(u, norm_w, norm_eps) (fused at decode sizes).
 // With gates_s (and `projected`, an event): pre / post / comb are written on gates_s, which waits
 // for the shared projection (recorded on `projected`), while s mixes u: the caller joins gates_s
-// before hc_post, and the Sinkhorn chain is off s's critical path. Same bits either way.
+// before hc_post, and the Sinkhorn chain is off s's critical path. Same bits either way. At up
+// to 4 rows everything is one launch on s (ops_mhc_decode.cu) and gates_s gets an empty branch.
 void hc_pre(const HcParams& p, const float* X, int64_t R, int64_t n, int64_t d, int64_t iters, float hc_eps,
             float rms_eps, float* pre, float* post, float* comb, float* u, cudaStream_t s,
-            cudaStream_t gates_s = nullptr, cudaEvent_t projected = nullptr);
+            cudaStream_t gates_s = nullptr, cudaEvent_t projected = nullptr, const float* norm_w = nullptr,
+            float norm_eps = 0.f);
 // X'[k] = post_k F + Σ_j comb[j][k] X[j], in place; F2 (optional) is added to F first (the
 // routed experts' sum beside the shared expert's output: F + F2 is the sub-layer output).
 void hc_post(const float* post, const float* comb, const float* F, float* X, int64_t R, int64_t n, int64_t d,

@@ -4,6 +4,7 @@
 // reduces the slices in a fixed order and, over a grid of (row, channel slice) blocks, writes the
 // mixed row, while one extra block per row runs the gates and Sinkhorn (a serial ~3 µs chain that
 // one block per row used to run before mixing all 4 streams alone: ~19 µs per decode hc_pre).
+// Up to 4 rows, ops_mhc_decode.cu runs all of it (and the sub-layer norm) in one launch instead.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -13,6 +14,8 @@
 #include "backend/cuda/cp_async.cuh"
 #include "backend/cuda/device.h"
 #include "backend/cuda/ops.h"
+#include "backend/cuda/mhc_common.cuh"
+#include "backend/cuda/ops_mhc_decode.h"
 #include "backend/cuda/ops_common.cuh"
 
 namespace dsv4::cuda {
@@ -27,62 +30,19 @@ using detail::warp_sum;
 
 namespace {
 
-constexpr int kProjThreads = 128;
+using mhc::gather_mu;
+using mhc::kMaxN;
+using mhc::kProjThreads;
+using mhc::mix_slice;
+using mhc::rms_factor;
+using mhc::sinkhorn_warp;
 
-// stash[r, ks*(n_out+1) + o] = Σ_{k in slice ks} fn[o, k] X[r, k]; slot n_out holds Σ X[r, k]².
-// kProjRows rows per block reuse each fn float4 (4 for batches; 1 at R < 4, where padding rows
-// would quadruple the block's reduction tail, which is what a decode step waits for).
 template <int MAXO, int kProjRows>
 __global__ void __launch_bounds__(kProjThreads)
     hc_project_kernel(const float* fn, const float* X, int64_t R, int64_t nd, int n_out, int64_t slice4, float* stash,
                       int64_t ld) {
-  __shared__ float red[kProjThreads / 32][kProjRows][MAXO + 1];
-  const int64_t r0 = blockIdx.x * int64_t(kProjRows);
-  const int ks = blockIdx.y;
-  const int rows = static_cast<int>(std::min<int64_t>(kProjRows, R - r0));
-  const int64_t nd4 = nd / 4, b = ks * slice4, e = std::min(nd4, b + slice4);
-  const float4* X4 = reinterpret_cast<const float4*>(X) + r0 * nd4;
-  const float4* F4 = reinterpret_cast<const float4*>(fn);
-  float acc[kProjRows][MAXO + 1];
-#pragma unroll
-  for (int rr = 0; rr < kProjRows; ++rr)
-#pragma unroll
-    for (int o = 0; o <= MAXO; ++o) acc[rr][o] = 0.f;
-  for (int64_t k = b + threadIdx.x; k < e; k += kProjThreads) {
-    float4 xv[kProjRows];
-#pragma unroll
-    for (int rr = 0; rr < kProjRows; ++rr) {
-      xv[rr] = rr < rows ? X4[rr * nd4 + k] : make_float4(0.f, 0.f, 0.f, 0.f);
-      acc[rr][MAXO] += xv[rr].x * xv[rr].x + xv[rr].y * xv[rr].y + xv[rr].z * xv[rr].z + xv[rr].w * xv[rr].w;
-    }
-    // Every output's load is issued unconditionally (outputs past n_out re-read the last row and
-    // are never stored): behind an `o < n_out` branch the 24 loads went out one after another,
-    // each waiting for the previous one's DRAM round trip (~14 us per decode call).
-    float4 f[MAXO];
-#pragma unroll
-    for (int o = 0; o < MAXO; ++o) f[o] = __ldg(F4 + min(o, n_out - 1) * nd4 + k);
-#pragma unroll
-    for (int o = 0; o < MAXO; ++o)
-#pragma unroll
-      for (int rr = 0; rr < kProjRows; ++rr)
-        acc[rr][o] += f[o].x * xv[rr].x + f[o].y * xv[rr].y + f[o].z * xv[rr].z + f[o].w * xv[rr].w;
-  }
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-  for (int rr = 0; rr < kProjRows; ++rr)
-#pragma unroll
-    for (int o = 0; o <= MAXO; ++o) {
-      const float v = warp_sum(acc[rr][o]);
-      if (lane == 0) red[warp][rr][o] = v;
-    }
-  __syncthreads();
-  for (int t = threadIdx.x; t < kProjRows * (MAXO + 1); t += kProjThreads) {
-    const int rr = t / (MAXO + 1), o = t % (MAXO + 1);
-    if (rr >= rows || (o >= n_out && o != MAXO)) continue;
-    float v = 0.f;
-    for (int w = 0; w < kProjThreads / 32; ++w) v += red[w][rr][o];
-    stash[(r0 + rr) * ld + ks * (n_out + 1) + (o == MAXO ? n_out : o)] = v;
-  }
+  mhc::project_slice<MAXO, kProjRows>(fn, X, R, nd, n_out, slice4, stash, ld, blockIdx.x * int64_t(kProjRows),
+                                      static_cast<int>(blockIdx.y));
 }
 
 // hc_project_kernel's stash for batches (R >= kTileMinRows): a block takes kTileRows rows and one
@@ -165,104 +125,6 @@ __global__ void __launch_bounds__(256, 2)  // 3 per SM spills at TO = 3
   }
 }
 
-// Reduces the slices of the stash into mu[0..n_out]: warp w takes outputs w, w + 8, ..., its
-// lanes the slices (a fixed shuffle tree: deterministic). One thread per output walking ~30
-// slices serially was a chain of dependent L2 loads, ~15 us of every decode hc_pre. Must be
-// followed by a barrier before mu is read or the stash (the output row) is overwritten.
-__device__ void gather_mu(const float* stash, int n_out, int ksplit, float* mu) {
-  constexpr int kPerWarp = 4;  // outputs per warp whose loads are in flight together (25 / 8 warps)
-  const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
-  for (int o0 = threadIdx.x >> 5; o0 <= n_out; o0 += warps * kPerWarp) {
-    // Every slice of kPerWarp outputs is loaded before any is summed (ksplit <= 4 x 32 in
-    // practice; the loop below covers more): one L2 round trip instead of one per output.
-    float part[kPerWarp][4];
-#pragma unroll
-    for (int i = 0; i < kPerWarp; ++i) {
-      const int o = o0 + i * warps;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int ks = lane + 32 * j;
-        part[i][j] = o <= n_out && ks < ksplit ? stash[ks * (n_out + 1) + o] : 0.f;
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < kPerWarp; ++i) {
-      const int o = o0 + i * warps;
-      float v = ((part[i][0] + part[i][1]) + part[i][2]) + part[i][3];
-      if (o <= n_out)
-        for (int ks = lane + 128; ks < ksplit; ks += 32) v += stash[ks * (n_out + 1) + o];
-      v = warp_sum(v);
-      if (lane == 0 && o <= n_out) mu[o] = v;
-    }
-  }
-}
-
-__device__ float rms_factor(float ss, int64_t nd, float eps) {
-  return 1.0f / sqrtf(static_cast<float>(static_cast<double>(ss) / nd) + eps);
-}
-
-// Twin of dsv4::sinkhorn, one matrix element per lane (lane = j*n + k < n*n; the whole warp
-// must call it). Every sum gathers its n terms by shuffles and adds them in the CPU's order,
-// so the result has the same bits as the serial loop; the matrix never leaves registers (the
-// former one-thread version kept it in local memory and took ~60 us at n = 4, 20 iterations).
-__device__ float sinkhorn_warp(float m, int n, int iters, float eps) {
-  const int lane = threadIdx.x & 31;
-  const int j = lane / n, k = lane % n;
-  const int row0 = (j * n) & 31;  // lanes past n*n compute garbage that is never stored
-  float mx = __shfl_sync(0xFFFFFFFFu, m, row0);
-  for (int c = 1; c < n; ++c) mx = fmaxf(mx, __shfl_sync(0xFFFFFFFFu, m, (row0 + c) & 31));
-  const float e = expf(m - mx);
-  float s = 0;
-  for (int c = 0; c < n; ++c) s += __shfl_sync(0xFFFFFFFFu, e, (row0 + c) & 31);
-  m = e / s + eps;
-  for (int it = 0; it < max(iters, 1); ++it) {  // the CPU twin always normalises columns once
-    if (it > 0) {  // row normalise (the first round's rows came from the softmax)
-      s = 0;
-      for (int c = 0; c < n; ++c) s += __shfl_sync(0xFFFFFFFFu, m, (row0 + c) & 31);
-      m /= (s + eps);
-    }
-    s = 0;
-    for (int r = 0; r < n; ++r) s += __shfl_sync(0xFFFFFFFFu, m, (r * n + k) & 31);
-    m /= (s + eps);
-  }
-  return m;
-}
-
-// out[c] = Σ_i coef[i] X[i, c] for the float4 columns [c0, c1) of one row (coef in shared memory;
-// the first MAXN streams' loads issued together, any further ones after).
-template <int MAXN>
-__device__ void mix_slice(const float* X, const float* coef, int64_t n, int64_t d, int64_t c0, int64_t c1,
-                          float* out) {
-  const float4* X4 = reinterpret_cast<const float4*>(X);
-  float4* O4 = reinterpret_cast<float4*>(out);
-  const int64_t d4 = d / 4;
-  for (int64_t c = c0 + threadIdx.x; c < c1; c += blockDim.x) {
-    // All n streams' loads in flight before the sums (a loop bounded by the runtime n issued them
-    // one after another: ncu at 4096 rows, half of the stalls on the load scoreboard).
-    float4 x[MAXN];
-#pragma unroll
-    for (int i = 0; i < MAXN; ++i) x[i] = i < n ? X4[i * d4 + c] : make_float4(0.f, 0.f, 0.f, 0.f);
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-    for (int i = 0; i < MAXN; ++i) {
-      if (i >= n) break;
-      const float p = coef[i];
-      acc.x += p * x[i].x;
-      acc.y += p * x[i].y;
-      acc.z += p * x[i].z;
-      acc.w += p * x[i].w;
-    }
-    for (int64_t i = MAXN; i < n; ++i) {  // the head's wider n (hc_head allows up to 24)
-      const float4 xi = X4[i * d4 + c];
-      const float p = coef[i];
-      acc.x += p * xi.x;
-      acc.y += p * xi.y;
-      acc.z += p * xi.z;
-      acc.w += p * xi.w;
-    }
-    O4[c] = acc;
-  }
-}
 
 // Columns of float4 that block y of `slices` mixes.
 __device__ void slice_range(int64_t d, int slices, int64_t& c0, int64_t& c1) {
@@ -271,7 +133,6 @@ __device__ void slice_range(int64_t d, int slices, int64_t& c0, int64_t& c1) {
   c1 = min(d4, c0 + per);
 }
 
-constexpr int kMaxN = 4;  // hc_pre: (2+n)n <= 24
 
 // Grid (R, slices + 1): blocks y < slices mix their column slice with the pre gates (which need
 // only mu); block y == slices writes pre / post and runs Sinkhorn for comb.
@@ -436,12 +297,23 @@ int mix_slices(int64_t R, int64_t d) {
 
 void hc_pre(const HcParams& p, const float* X, int64_t R, int64_t n, int64_t d, int64_t iters, float hc_eps,
             float rms_eps, float* pre, float* post, float* comb, float* u, cudaStream_t s, cudaStream_t gates_s,
-            cudaEvent_t projected) {
+            cudaEvent_t projected, const float* norm_w, float norm_eps) {
   DSV4_CHECK(n >= 1 && n <= kMaxN, "cuda::hc_pre: n must be in [1, 4]");
   DSV4_CHECK(!gates_s || projected, "cuda::hc_pre: a gates stream needs its event");
   if (R == 0) return;
   const int n_out = static_cast<int>((2 + n) * n);
   float* st = stash(R, d);
+  if (detail::hc_pre_decode(p, X, R, n, d, iters, hc_eps, rms_eps, norm_w, norm_eps, pre, post, comb, u, st, s)) {
+    if (gates_s) {  // the caller joins gates_s: give it an (empty) branch off s
+      DSV4_CUDA_CHECK(cudaEventRecord(projected, s));
+      DSV4_CUDA_CHECK(cudaStreamWaitEvent(gates_s, projected, 0));
+    }
+    return;
+  }
+  if (norm_w) {  // unfused: the mix, then the norm on s (the gates may still run beside it)
+    hc_pre(p, X, R, n, d, iters, hc_eps, rms_eps, pre, post, comb, u, s, gates_s, projected);
+    return rms_norm(u, norm_w, u, R, d, norm_eps, s);
+  }
   const int ks = project(p.fn, X, R, n, d, n_out, st, s);
   const int slices = mix_slices(R, d);
   const unsigned rows = static_cast<unsigned>(R);

@@ -337,10 +337,9 @@ void CudaModel::run_layer(const DeviceLayer& L, size_t li, const float* rope, co
   cudaEvent_t gates_ev = br.fork_event(kGatesSide);
 
   // ---- attention sub-layer
-  cuda::hc_pre(L.hc_attn, X, R, n, d, cfg.hc_sinkhorn_iters, hc_eps, eps, a.pre, a.post, a.comb, u, s, gates, gates_ev);
-  mark("hc_pre");
-  cuda::rms_norm(u, L.attn_norm, u, R, d, eps, s);
-  mark("norms");
+  cuda::hc_pre(L.hc_attn, X, R, n, d, cfg.hc_sinkhorn_iters, hc_eps, eps, a.pre, a.post, a.comb, u, s, gates, gates_ev,
+               L.attn_norm, eps);
+  mark("hc_pre+norm");
 
   // Compressor, indexer weights, router and head have BF16 weights: fp32 math in exact precision (the
   // official demo), bf16 tensor cores with fp32 accumulation in fast (as HF and vLLM run them).
@@ -420,10 +419,9 @@ void CudaModel::run_layer(const DeviceLayer& L, size_t li, const float* rope, co
   mark("hc_post");
 
   // ---- MoE sub-layer: the shared expert writes F, the routed experts their sum into F2
-  cuda::hc_pre(L.hc_ffn, X, R, n, d, cfg.hc_sinkhorn_iters, hc_eps, eps, a.pre, a.post, a.comb, u, s, gates, gates_ev);
-  mark("hc_pre");
-  cuda::rms_norm(u, L.ffn_norm, u, R, d, eps, s);
-  mark("norms");
+  cuda::hc_pre(L.hc_ffn, X, R, n, d, cfg.hc_sinkhorn_iters, hc_eps, eps, a.pre, a.post, a.comb, u, s, gates, gates_ev,
+               L.ffn_norm, eps);
+  mark("hc_pre+norm");
   cudaStream_t xs = br.fork(kSharedSide);  // after the kv ring store on this side
   linear_shared_input({{&L.shared_w1, a.gu, 2 * I}, {&L.shared_w3, a.gu + I, 2 * I}}, u, R, d, xs);
   cuda::swiglu(a.gu, R, I, static_cast<float>(cfg.swiglu_limit), a.hbuf, xs);

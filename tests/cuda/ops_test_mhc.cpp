@@ -1,7 +1,9 @@
 // Parity of the CUDA mHC kernels with model/mhc.cpp (hc_pre incl. Sinkhorn, hc_post, hc_head).
 #include <cmath>
 
+#include "backend/cpu/ops.h"
 #include "backend/cuda/ops.h"
+#include "backend/cuda/ops_mhc_decode.h"
 #include "model/mhc.h"
 #include "tests/cuda/ops_test_util.h"
 
@@ -85,6 +87,47 @@ TEST_P(CudaOpsMhc, HcPreMatchesCpu) {
   cudaStreamDestroy(s);
 }
 
+// hc_pre with the sub-layer's input norm (one launch at up to 4 rows, ops_mhc_decode.cu; the mix
+// then rms_norm above): against the CPU's hc_pre + rms_norm, and against the GPU's unfused pair
+// (the projection has the same bits; only the norm's square sum is added in another order).
+TEST_P(CudaOpsMhc, HcPreWithNormMatchesCpu) {
+  DSV4_REQUIRE_GPU();
+  const auto [R, d] = GetParam();
+  const int64_t n = 4, n_out = (2 + n) * n;
+  const ModelConfig cfg = hc_config(n, d);
+  const HcWeights w = hc_weights(n_out, n * d, 3);
+  const std::vector<float> X = randn(R * n * d, 2.0f), gamma = randn(d, 1.0f);
+  const float eps = 1e-6f;
+  HcMix mix;
+  std::vector<float> u(R * d);
+  hc_pre(w, cfg, X.data(), R, mix, u.data());
+  cpu::rms_norm(u.data(), gamma.data(), u.data(), R, d, eps);
+  if (R <= 4 && d >= 1024) {
+    EXPECT_GT(cuda::detail::hc_pre_decode_slices(R, n, d), 0) << "fused form expected";
+  }
+
+  DevHc dw(w);
+  DeviceBuffer dX = to_device(X), dg = to_device(gamma), dpre = poisoned<float>(R * n), dpost = poisoned<float>(R * n),
+               dcomb = poisoned<float>(R * n * n), du = poisoned<float>(R * d);
+  for (int rep = 0; rep < 3; ++rep)  // the grid barrier resets itself: repeated calls agree
+    cuda::hc_pre(dw.p, dX.as<float>(), R, n, d, cfg.hc_sinkhorn_iters, 1e-6f, eps, dpre.as<float>(), dpost.as<float>(),
+                 dcomb.as<float>(), du.as<float>(), nullptr, nullptr, nullptr, dg.as<float>(), eps);
+  EXPECT_LE(rel_error(to_host<float>(dpre, R * n), mix.pre), 1e-5);
+  EXPECT_LE(rel_error(to_host<float>(dpost, R * n), mix.post), 1e-5);
+  EXPECT_LE(rel_error(to_host<float>(dcomb, R * n * n), mix.comb), 1e-5);
+  EXPECT_LE(rel_error(to_host<float>(du, R * d), u), 1e-5);
+
+  DeviceBuffer upre = poisoned<float>(R * n), upost = poisoned<float>(R * n), ucomb = poisoned<float>(R * n * n),
+               uu = poisoned<float>(R * d);
+  cuda::hc_pre(dw.p, dX.as<float>(), R, n, d, cfg.hc_sinkhorn_iters, 1e-6f, eps, upre.as<float>(), upost.as<float>(),
+               ucomb.as<float>(), uu.as<float>(), nullptr);
+  cuda::rms_norm(uu.as<float>(), dg.as<float>(), uu.as<float>(), R, d, eps, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(to_host<float>(upre, R * n), to_host<float>(dpre, R * n));
+  EXPECT_EQ(to_host<float>(ucomb, R * n * n), to_host<float>(dcomb, R * n * n));
+  EXPECT_LE(rel_error(to_host<float>(uu, R * d), to_host<float>(du, R * d)), 1e-6);
+}
+
 TEST_P(CudaOpsMhc, HcPostMatchesCpu) {
   DSV4_REQUIRE_GPU();
   const auto [R, d] = GetParam();
@@ -127,12 +170,14 @@ TEST_P(CudaOpsMhc, HcHeadMatchesCpu) {
   EXPECT_LE(rel_error(to_host<float>(dh, h.size()), h), 1e-5);
 }
 
-// Decode-sized (split-K over many slices), a ragged row tile, prefill-sized (the tiled projection
+// Decode-sized (split-K over many slices; up to 4 rows the one-launch form, d 7168 as V4-Pro), a
+// ragged row tile, prefill-sized (the tiled projection
 // from 256 rows: a ragged last row block; 1000 rows at d 512, where the stash row bounds the
 // slice count; exactly two blocks), and the tiny model.
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaOpsMhc,
                          ::testing::Values(std::pair<int64_t, int64_t>{1, 4096}, std::pair<int64_t, int64_t>{3, 4096},
-                                           std::pair<int64_t, int64_t>{7, 4096},
+                                           std::pair<int64_t, int64_t>{4, 4096}, std::pair<int64_t, int64_t>{2, 7168},
+                                           std::pair<int64_t, int64_t>{1, 256}, std::pair<int64_t, int64_t>{7, 4096},
                                            std::pair<int64_t, int64_t>{300, 4096}, std::pair<int64_t, int64_t>{1000, 512},
                                            std::pair<int64_t, int64_t>{256, 1024}, std::pair<int64_t, int64_t>{5, 256}));
 

@@ -1,0 +1,173 @@
+// Device pieces of the mHC kernels shared by ops_mhc.cu (split-K projection + finish) and
+// ops_mhc_decode.cu (the one-launch decode form): the same functions, so both give the same bits.
+// Only .cu files include this.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "backend/cuda/ops_common.cuh"
+
+namespace dsv4::cuda::mhc {
+
+using detail::warp_sum;
+
+constexpr int kProjThreads = 128;
+constexpr int kMaxN = 4;  // hc_pre: (2+n)n <= 24
+
+// stash[r, ks*(n_out+1) + o] = Σ_{k in slice ks} fn[o, k] X[r, k]; slot n_out holds Σ X[r, k]².
+// kProjRows rows per block reuse each fn float4 (4 for batches; 1 at R < 4, where padding rows
+// would quadruple the block's reduction tail, which is what a decode step waits for).
+// One block (kProjThreads threads) does rows r0.. and slice ks; ends with a barrier-free write of
+// the stash (callers synchronise before the stash is read).
+template <int MAXO, int kProjRows>
+__device__ __forceinline__ void project_slice(const float* fn, const float* X, int64_t R, int64_t nd, int n_out,
+                                              int64_t slice4, float* stash, int64_t ld, int64_t r0, int ks) {
+  __shared__ float red[kProjThreads / 32][kProjRows][MAXO + 1];
+  const int rows = static_cast<int>(std::min<int64_t>(kProjRows, R - r0));
+  const int64_t nd4 = nd / 4, b = ks * slice4, e = std::min(nd4, b + slice4);
+  const float4* X4 = reinterpret_cast<const float4*>(X) + r0 * nd4;
+  const float4* F4 = reinterpret_cast<const float4*>(fn);
+  float acc[kProjRows][MAXO + 1];
+#pragma unroll
+  for (int rr = 0; rr < kProjRows; ++rr)
+#pragma unroll
+    for (int o = 0; o <= MAXO; ++o) acc[rr][o] = 0.f;
+  for (int64_t k = b + threadIdx.x; k < e; k += kProjThreads) {
+    float4 xv[kProjRows];
+#pragma unroll
+    for (int rr = 0; rr < kProjRows; ++rr) {
+      xv[rr] = rr < rows ? X4[rr * nd4 + k] : make_float4(0.f, 0.f, 0.f, 0.f);
+      acc[rr][MAXO] += xv[rr].x * xv[rr].x + xv[rr].y * xv[rr].y + xv[rr].z * xv[rr].z + xv[rr].w * xv[rr].w;
+    }
+    // Every output's load is issued unconditionally (outputs past n_out re-read the last row and
+    // are never stored): behind an `o < n_out` branch the 24 loads went out one after another,
+    // each waiting for the previous one's DRAM round trip (~14 us per decode call).
+    float4 f[MAXO];
+#pragma unroll
+    for (int o = 0; o < MAXO; ++o) f[o] = __ldg(F4 + min(o, n_out - 1) * nd4 + k);
+#pragma unroll
+    for (int o = 0; o < MAXO; ++o)
+#pragma unroll
+      for (int rr = 0; rr < kProjRows; ++rr)
+        acc[rr][o] += f[o].x * xv[rr].x + f[o].y * xv[rr].y + f[o].z * xv[rr].z + f[o].w * xv[rr].w;
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int rr = 0; rr < kProjRows; ++rr)
+#pragma unroll
+    for (int o = 0; o <= MAXO; ++o) {
+      const float v = warp_sum(acc[rr][o]);
+      if (lane == 0) red[warp][rr][o] = v;
+    }
+  __syncthreads();
+  for (int t = threadIdx.x; t < kProjRows * (MAXO + 1); t += kProjThreads) {
+    const int rr = t / (MAXO + 1), o = t % (MAXO + 1);
+    if (rr >= rows || (o >= n_out && o != MAXO)) continue;
+    float v = 0.f;
+    for (int w = 0; w < kProjThreads / 32; ++w) v += red[w][rr][o];
+    stash[(r0 + rr) * ld + ks * (n_out + 1) + (o == MAXO ? n_out : o)] = v;
+  }
+}
+
+// Reduces the slices of the stash into mu[0..n_out]: warp w takes outputs w, w + 8, ..., its
+// lanes the slices (a fixed shuffle tree: deterministic). One thread per output walking ~30
+// slices serially was a chain of dependent L2 loads, ~15 us of every decode hc_pre. Must be
+// followed by a barrier before mu is read or the stash (the output row) is overwritten.
+__device__ inline void gather_mu(const float* stash, int n_out, int ksplit, float* mu) {
+  constexpr int kPerWarp = 4;  // outputs per warp whose loads are in flight together (25 / 8 warps)
+  const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+  for (int o0 = threadIdx.x >> 5; o0 <= n_out; o0 += warps * kPerWarp) {
+    // Every slice of kPerWarp outputs is loaded before any is summed (ksplit <= 4 x 32 in
+    // practice; the loop below covers more): one L2 round trip instead of one per output.
+    float part[kPerWarp][4];
+#pragma unroll
+    for (int i = 0; i < kPerWarp; ++i) {
+      const int o = o0 + i * warps;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int ks = lane + 32 * j;
+        part[i][j] = o <= n_out && ks < ksplit ? __ldcg(stash + ks * (n_out + 1) + o) : 0.f;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kPerWarp; ++i) {
+      const int o = o0 + i * warps;
+      float v = ((part[i][0] + part[i][1]) + part[i][2]) + part[i][3];
+      if (o <= n_out)
+        for (int ks = lane + 128; ks < ksplit; ks += 32) v += __ldcg(stash + ks * (n_out + 1) + o);
+      v = warp_sum(v);
+      if (lane == 0 && o <= n_out) mu[o] = v;
+    }
+  }
+}
+
+__device__ inline float rms_factor(float ss, int64_t nd, float eps) {
+  return 1.0f / sqrtf(static_cast<float>(static_cast<double>(ss) / nd) + eps);
+}
+
+// Twin of dsv4::sinkhorn, one matrix element per lane (lane = j*n + k < n*n; the whole warp
+// must call it). Every sum gathers its n terms by shuffles and adds them in the CPU's order,
+// so the result has the same bits as the serial loop; the matrix never leaves registers (the
+// former one-thread version kept it in local memory and took ~60 us at n = 4, 20 iterations).
+__device__ inline float sinkhorn_warp(float m, int n, int iters, float eps) {
+  const int lane = threadIdx.x & 31;
+  const int j = lane / n, k = lane % n;
+  const int row0 = (j * n) & 31;  // lanes past n*n compute garbage that is never stored
+  float mx = __shfl_sync(0xFFFFFFFFu, m, row0);
+  for (int c = 1; c < n; ++c) mx = fmaxf(mx, __shfl_sync(0xFFFFFFFFu, m, (row0 + c) & 31));
+  const float e = expf(m - mx);
+  float s = 0;
+  for (int c = 0; c < n; ++c) s += __shfl_sync(0xFFFFFFFFu, e, (row0 + c) & 31);
+  m = e / s + eps;
+  for (int it = 0; it < max(iters, 1); ++it) {  // the CPU twin always normalises columns once
+    if (it > 0) {  // row normalise (the first round's rows came from the softmax)
+      s = 0;
+      for (int c = 0; c < n; ++c) s += __shfl_sync(0xFFFFFFFFu, m, (row0 + c) & 31);
+      m /= (s + eps);
+    }
+    s = 0;
+    for (int r = 0; r < n; ++r) s += __shfl_sync(0xFFFFFFFFu, m, (r * n + k) & 31);
+    m /= (s + eps);
+  }
+  return m;
+}
+
+// out[c] = Σ_i coef[i] X[i, c] for the float4 columns [c0, c1) of one row (coef in shared memory;
+// the first MAXN streams' loads issued together, any further ones after).
+template <int MAXN>
+__device__ inline void mix_slice(const float* X, const float* coef, int64_t n, int64_t d, int64_t c0, int64_t c1,
+                          float* out) {
+  const float4* X4 = reinterpret_cast<const float4*>(X);
+  float4* O4 = reinterpret_cast<float4*>(out);
+  const int64_t d4 = d / 4;
+  for (int64_t c = c0 + threadIdx.x; c < c1; c += blockDim.x) {
+    // All n streams' loads in flight before the sums (a loop bounded by the runtime n issued them
+    // one after another: ncu at 4096 rows, half of the stalls on the load scoreboard).
+    float4 x[MAXN];
+#pragma unroll
+    for (int i = 0; i < MAXN; ++i) x[i] = i < n ? X4[i * d4 + c] : make_float4(0.f, 0.f, 0.f, 0.f);
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int i = 0; i < MAXN; ++i) {
+      if (i >= n) break;
+      const float p = coef[i];
+      acc.x += p * x[i].x;
+      acc.y += p * x[i].y;
+      acc.z += p * x[i].z;
+      acc.w += p * x[i].w;
+    }
+    for (int64_t i = MAXN; i < n; ++i) {  // the head's wider n (hc_head allows up to 24)
+      const float4 xi = X4[i * d4 + c];
+      const float p = coef[i];
+      acc.x += p * xi.x;
+      acc.y += p * xi.y;
+      acc.z += p * xi.z;
+      acc.w += p * xi.w;
+    }
+    O4[c] = acc;
+  }
+}
+
+}  // namespace dsv4::cuda::mhc

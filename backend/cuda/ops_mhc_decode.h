@@ -1,0 +1,22 @@
+// The one-launch decode form of cuda::hc_pre (ops_mhc_decode.cu), used by hc_pre itself.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backend/cuda/ops.h"
+
+namespace dsv4::cuda::detail {
+
+// Projection slices the fused form uses for R rows; 0 when it does not apply (R > 4, n > 4,
+// d % 4 != 0, or a grid that might not be resident at once).
+int hc_pre_decode_slices(int64_t R, int64_t n, int64_t d);
+// On by default; benchmarks turn it off to time the three-launch form.
+void set_hc_pre_decode_enabled(bool on);
+// hc_pre (+ the RMS norm with norm_w when given) in one launch; false (nothing enqueued) when
+// the shape or alignment does not fit. stash: [R, d] floats.
+bool hc_pre_decode(const HcParams& p, const float* X, int64_t R, int64_t n, int64_t d, int64_t iters, float hc_eps,
+                   float rms_eps, const float* norm_w, float norm_eps, float* pre, float* post, float* comb, float* u,
+                   float* stash, cudaStream_t s);
+
+}  // namespace dsv4::cuda::detail
