@@ -21,8 +21,8 @@
 # moe-profile: ncu sections (bandwidth, stalls, occupancy) of the tensor-core MoE kernels at 1 and 64
 # tokens, of the FP8 tensor-core GEMV (wq_b, 1 row) and of the small kernels of a decode step.
 # dev: EXTRA_TESTS, MEMCHECK ("binary filter;..."), bench_linear BENCH_LINEAR, bench_ops
-# BENCH_OPS_PARTS, `dsv4 bench --profile`, GEN_CHECK=1: the CLI speculative checks, then step
-# (a few decode kernels changed).
+# BENCH_OPS_PARTS, `dsv4 bench --profile`, GEN_CHECK=1: the CLI speculative checks, NSYS=1: nsys
+# kernel sums of batch-1 graph steps, then step (a few decode kernels changed).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 MODE="${1:-all}"
@@ -114,14 +114,27 @@ if [[ "$MODE" == dev ]]; then
     summary+=("memcheck $1 (${2:-*}): rc=$? $(grep -E 'ERROR SUMMARY' "$LOG/sanitizer-$1.log" | tail -1)")
   done
   save
-  timeout 200 "$BUILD/bench/bench_linear" ${BENCH_LINEAR:-linear} >"$LOG/bench_linear.log" 2>&1
-  summary+=("bench_linear ${BENCH_LINEAR:-linear}: rc=$?")
+  if [[ "${BENCH_LINEAR:-linear}" != 0 ]]; then
+    timeout 200 "$BUILD/bench/bench_linear" ${BENCH_LINEAR:-linear} >"$LOG/bench_linear.log" 2>&1
+    summary+=("bench_linear ${BENCH_LINEAR:-linear}: rc=$?")
+  fi
   read -r -a ops_parts <<<"${BENCH_OPS_PARTS:-attention}"
   timeout 200 "$BUILD/bench/bench_ops" "${ops_parts[@]}" >"$LOG/bench_ops.log" 2>&1
   summary+=("bench_ops ${ops_parts[*]}: rc=$?")
   cp "$LOG/bench_ops.log" "$OUT/" 2>/dev/null
   e2e_profile
   [[ "${GEN_CHECK:-0}" == 1 ]] && generate_check
+  if [[ "${NSYS:-0}" == 1 ]] && command -v nsys >/dev/null; then
+    # Kernel durations at the running clock inside the replayed batch-1 graphs (ncu serialises
+    # and locks clocks): nsys traces each graph node.
+    timeout 200 nsys profile --cuda-graph-trace=node -o "$LOG/b1" --force-overwrite true \
+      "$BUILD/tools/dsv4" bench --preset v4-flash --layers 8 --random-weights --batches 1 --prefill 64 --steps 20 \
+      >"$LOG/nsys.log" 2>&1
+    timeout 120 nsys stats -r cuda_gpu_kern_sum --format csv -o "$LOG/b1" "$LOG/b1.nsys-rep" >>"$LOG/nsys.log" 2>&1
+    summary+=("nsys b1: rc=$?")
+    cp "$LOG"/b1_cuda_gpu_kern_sum.csv "$OUT/" 2>/dev/null
+    save
+  fi
 fi
 
 if [[ "$MODE" == step || "$MODE" == quick || "$MODE" == dev || "$MODE" == verify || "$MODE" == final ]]; then

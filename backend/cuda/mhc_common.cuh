@@ -111,27 +111,39 @@ __device__ inline float rms_factor(float ss, int64_t nd, float eps) {
 // must call it). Every sum gathers its n terms by shuffles and adds them in the CPU's order,
 // so the result has the same bits as the serial loop; the matrix never leaves registers (the
 // former one-thread version kept it in local memory and took ~60 us at n = 4, 20 iterations).
-__device__ inline float sinkhorn_warp(float m, int n, int iters, float eps) {
+// N > 0: n == N at compile time, so every sum's shuffles are unrolled and in flight together (a
+// runtime-bounded loop issued them one after another: the chain is ~40 dependent sums).
+template <int N>
+__device__ __forceinline__ float sinkhorn_warp_n(float m, int n_rt, int iters, float eps) {
+  const int n = N > 0 ? N : n_rt;
   const int lane = threadIdx.x & 31;
   const int j = lane / n, k = lane % n;
   const int row0 = (j * n) & 31;  // lanes past n*n compute garbage that is never stored
   float mx = __shfl_sync(0xFFFFFFFFu, m, row0);
+#pragma unroll
   for (int c = 1; c < n; ++c) mx = fmaxf(mx, __shfl_sync(0xFFFFFFFFu, m, (row0 + c) & 31));
   const float e = expf(m - mx);
   float s = 0;
+#pragma unroll
   for (int c = 0; c < n; ++c) s += __shfl_sync(0xFFFFFFFFu, e, (row0 + c) & 31);
   m = e / s + eps;
   for (int it = 0; it < max(iters, 1); ++it) {  // the CPU twin always normalises columns once
     if (it > 0) {  // row normalise (the first round's rows came from the softmax)
       s = 0;
+#pragma unroll
       for (int c = 0; c < n; ++c) s += __shfl_sync(0xFFFFFFFFu, m, (row0 + c) & 31);
       m /= (s + eps);
     }
     s = 0;
+#pragma unroll
     for (int r = 0; r < n; ++r) s += __shfl_sync(0xFFFFFFFFu, m, (r * n + k) & 31);
     m /= (s + eps);
   }
   return m;
+}
+
+__device__ inline float sinkhorn_warp(float m, int n, int iters, float eps) {
+  return n == 4 ? sinkhorn_warp_n<4>(m, n, iters, eps) : sinkhorn_warp_n<0>(m, n, iters, eps);
 }
 
 // out[c] = Σ_i coef[i] X[i, c] for the float4 columns [c0, c1) of one row (coef in shared memory;

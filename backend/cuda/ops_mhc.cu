@@ -4,7 +4,8 @@
 // reduces the slices in a fixed order and, over a grid of (row, channel slice) blocks, writes the
 // mixed row, while one extra block per row runs the gates and Sinkhorn (a serial ~3 µs chain that
 // one block per row used to run before mixing all 4 streams alone: ~19 µs per decode hc_pre).
-// Up to 4 rows, ops_mhc_decode.cu runs all of it (and the sub-layer norm) in one launch instead.
+// Up to 4 rows, ops_mhc_decode.cu runs the projection, mixing and the sub-layer norm in one
+// launch instead (the gates: in it, or this file's finish kernel on the gates stream).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -303,10 +304,17 @@ void hc_pre(const HcParams& p, const float* X, int64_t R, int64_t n, int64_t d, 
   if (R == 0) return;
   const int n_out = static_cast<int>((2 + n) * n);
   float* st = stash(R, d);
-  if (detail::hc_pre_decode(p, X, R, n, d, iters, hc_eps, rms_eps, norm_w, norm_eps, pre, post, comb, u, st, s)) {
-    if (gates_s) {  // the caller joins gates_s: give it an (empty) branch off s
+  // Up to 4 rows: one launch for the projection, mixing and norm; the gates (Sinkhorn, a serial
+  // ~40-step chain) inside it, or with gates_s after it from the stash, beside what follows.
+  if (detail::hc_pre_decode(p, X, R, n, d, iters, hc_eps, rms_eps, norm_w, norm_eps, pre, post, comb, u, st,
+                            gates_s == nullptr, s)) {
+    if (gates_s) {
       DSV4_CUDA_CHECK(cudaEventRecord(projected, s));
       DSV4_CUDA_CHECK(cudaStreamWaitEvent(gates_s, projected, 0));
+      hc_pre_finish_kernel<<<dim3(static_cast<unsigned>(R), 1), 256, 0, gates_s>>>(
+          X, st, d, p, static_cast<int>(n), d, detail::hc_pre_decode_slices(R, n, d), static_cast<int>(iters), hc_eps,
+          rms_eps, 0, pre, post, comb, u);
+      DSV4_CUDA_LAUNCH_CHECK();
     }
     return;
   }

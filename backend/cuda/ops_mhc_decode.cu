@@ -5,8 +5,9 @@
 // phases separated by grid barriers:
 //   1. blocks (r, j < ks): projection slice j of row r into the stash (mhc::project_slice, the
 //      split-K kernel's own code and slices: the same bits);
-//   2. every block gathers mu; block (r, ks) writes the gates and runs Sinkhorn, blocks j < ks
-//      mix column slice j of u and (norm) sum its squares;
+//   2. every block gathers mu; block (r, ks) writes the gates and runs Sinkhorn (or, with a gates
+//      stream, hc_pre's gates kernel does so there from the stash, beside what follows), blocks
+//      j < ks mix column slice j of u and (norm) sum its squares;
 //   3. (norm) blocks j < ks gather the row's square sums and write u = w * (u / rms).
 // The barrier is a counter + sense flag in device memory, reset by the last block to arrive, so
 // a graph replays it as is.
@@ -90,6 +91,9 @@ struct DecodeArgs {
   float *pre, *post, *comb, *u;
 };
 
+// kGates: blocks (r, ks) write the gates (and run Sinkhorn); without them the caller runs the
+// gates kernel on a side stream, off the critical path.
+template <bool kGates>
 __global__ void __launch_bounds__(kProjThreads) hc_pre_decode_kernel(DecodeArgs a) {
   __shared__ float mu[(2 + kMaxN) * kMaxN + 1];
   __shared__ float s_pre[kMaxN];
@@ -99,11 +103,11 @@ __global__ void __launch_bounds__(kProjThreads) hc_pre_decode_kernel(DecodeArgs 
   const int j = blockIdx.y, n = a.n, n_out = (2 + n) * n;
   const int64_t d = a.d, nd = n * d, d4 = d / 4;
   if (j < a.ks) mhc::project_slice<(2 + kMaxN) * kMaxN, 1>(a.p.fn, a.X, R, nd, n_out, a.slice4, a.stash, d, r, j);
-  grid_sync(&a.bar[0], static_cast<unsigned>(R * (a.ks + 1)));
+  grid_sync(&a.bar[0], static_cast<unsigned>(R * (a.ks + (kGates ? 1 : 0))));
   mhc::gather_mu(a.stash + r * d, n_out, a.ks, mu);
   __syncthreads();
   const float rho = mhc::rms_factor(mu[n_out], nd, a.rms_eps);
-  if (j == a.ks) {  // the gates block: hc_pre_finish_kernel's gates, warp 0
+  if (kGates && j == a.ks) {  // the gates block: hc_pre_finish_kernel's gates, warp 0
     if (threadIdx.x < 32) {
       const int lane = threadIdx.x;
       if (lane < n) {
@@ -179,7 +183,7 @@ int hc_pre_decode_slices(int64_t R, int64_t n, int64_t d) {
 
 bool hc_pre_decode(const HcParams& p, const float* X, int64_t R, int64_t n, int64_t d, int64_t iters, float hc_eps,
                    float rms_eps, const float* norm_w, float norm_eps, float* pre, float* post, float* comb, float* u,
-                   float* stash, cudaStream_t s) {
+                   float* stash, bool gates, cudaStream_t s) {
   const int ks = hc_pre_decode_slices(R, n, d);
   if (ks == 0 || !aligned16(X) || !aligned16(u) || !aligned16(p.fn) || (norm_w && !aligned16(norm_w))) return false;
   static DeviceBuffer ss, bar;
@@ -210,7 +214,11 @@ bool hc_pre_decode(const HcParams& p, const float* X, int64_t R, int64_t n, int6
   a.post = post;
   a.comb = comb;
   a.u = u;
-  hc_pre_decode_kernel<<<dim3(static_cast<unsigned>(R), static_cast<unsigned>(ks + 1)), kProjThreads, 0, s>>>(a);
+  const dim3 grid(static_cast<unsigned>(R), static_cast<unsigned>(ks + (gates ? 1 : 0)));
+  if (gates)
+    hc_pre_decode_kernel<true><<<grid, kProjThreads, 0, s>>>(a);
+  else
+    hc_pre_decode_kernel<false><<<grid, kProjThreads, 0, s>>>(a);
   DSV4_CUDA_LAUNCH_CHECK();
   return true;
 }

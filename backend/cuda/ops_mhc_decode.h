@@ -14,9 +14,11 @@ int hc_pre_decode_slices(int64_t R, int64_t n, int64_t d);
 // On by default; benchmarks turn it off to time the three-launch form.
 void set_hc_pre_decode_enabled(bool on);
 // hc_pre (+ the RMS norm with norm_w when given) in one launch; false (nothing enqueued) when
-// the shape or alignment does not fit. stash: [R, d] floats.
+// the shape or alignment does not fit. stash: [R, d] floats; on return it holds the projection
+// partials of hc_pre_decode_slices(R, n, d) slices per row. gates = false: pre / post / comb are
+// not written (the caller runs the gates from the stash).
 bool hc_pre_decode(const HcParams& p, const float* X, int64_t R, int64_t n, int64_t d, int64_t iters, float hc_eps,
                    float rms_eps, const float* norm_w, float norm_eps, float* pre, float* post, float* comb, float* u,
-                   float* stash, cudaStream_t s);
+                   float* stash, bool gates, cudaStream_t s);
 
 }  // namespace dsv4::cuda::detail
