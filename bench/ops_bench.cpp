@@ -98,6 +98,47 @@ void bench_rms_norm() {
   }
 }
 
+// Where the one-launch decode hc_pre spends its time: clock64() at each phase end of every block
+// (ops_mhc_decode.cu), as the slowest block's cycles since its own start; with the gates inside
+// and with them on a side stream (the model's form).
+void trace_hc_pre_decode(const HcParams& p, const float* X, int64_t n, int64_t d, const float* g, DeviceBuffer& pre,
+                         DeviceBuffer& post, DeviceBuffer& comb, DeviceBuffer& u) {
+  const int ks = dsv4::cuda::detail::hc_pre_decode_slices(1, n, d);
+  if (ks == 0) return;
+  const int blocks = ks + 1, points = 8;
+  DeviceBuffer tr(static_cast<size_t>(blocks * points) * sizeof(long long));
+  cudaStream_t side = nullptr;
+  cudaEvent_t ev = nullptr;
+  DSV4_CUDA_CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+  DSV4_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  int khz = 0;
+  DSV4_CUDA_CHECK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0));
+  for (bool gates_inside : {true, false}) {
+    tr.fill_bytes(0);
+    dsv4::cuda::detail::set_hc_pre_decode_trace(tr.as<long long>());
+    for (int rep = 0; rep < 3; ++rep)  // the last call's stamps stay
+      hc_pre(p, X, 1, n, d, 20, 1e-6f, 1e-6f, pre.as<float>(), post.as<float>(), comb.as<float>(), u.as<float>(),
+             nullptr, gates_inside ? nullptr : side, gates_inside ? nullptr : ev, g, 1e-6f);
+    DSV4_CUDA_CHECK(cudaDeviceSynchronize());
+    dsv4::cuda::detail::set_hc_pre_decode_trace(nullptr);
+    std::vector<long long> t(static_cast<size_t>(blocks * points));
+    DSV4_CUDA_CHECK(cudaMemcpy(t.data(), tr.get(), t.size() * sizeof(long long), cudaMemcpyDeviceToHost));
+    const char* names[] = {"", "projected", "barrier", "mu", "norm sum", "", "done"};
+    std::printf("hc_pre+norm R=1 one launch, gates %s (%d slices; slowest block, cycles since its start; %d MHz):",
+                gates_inside ? "inside" : "on a side stream", ks, khz / 1000);
+    for (int pt = 1; pt < points - 1; ++pt) {
+      long long worst = 0;
+      for (int b = 0; b < ks; ++b)
+        if (t[b * points + pt]) worst = std::max(worst, t[b * points + pt] - t[b * points]);
+      if (worst > 0) std::printf(" %s %lld", names[pt], worst);
+    }
+    if (gates_inside) std::printf("; gates block done %lld", t[ks * points + 6] - t[ks * points]);
+    std::printf("\n");
+  }
+  cudaEventDestroy(ev);
+  cudaStreamDestroy(side);
+}
+
 void bench_hc() {
   const int64_t n = 4, d = 4096, n_out = (2 + n) * n;
   DeviceBuffer fn = floats(n_out * n * d, 1.0f / 128), base = floats(n_out), scale = floats(3), g = floats(d);
@@ -124,6 +165,7 @@ void bench_hc() {
       report(fused ? "hc_pre+norm" : "  (3 launches)", R, "n 4, d 4096", us,
              (double(R) * n * d + n_out * n * d + R * d + d) * 4, 2.0 * R * n * d * (n_out + 1 + n));
     }
+    if (R == 1) trace_hc_pre_decode(p, X.as<float>(), n, d, g.as<float>(), pre, post, comb, u);
     us = median_us([&] {
       hc_post(post.as<float>(), comb.as<float>(), F.as<float>(), X.as<float>(), R, n, d, nullptr);
     });

@@ -22,7 +22,8 @@
 # tokens, of the FP8 tensor-core GEMV (wq_b, 1 row) and of the small kernels of a decode step.
 # dev: EXTRA_TESTS, MEMCHECK ("binary filter;..."), bench_linear BENCH_LINEAR, bench_ops
 # BENCH_OPS_PARTS, `dsv4 bench --profile`, GEN_CHECK=1: the CLI speculative checks, NSYS=1: nsys
-# kernel sums of batch-1 graph steps, then step (a few decode kernels changed).
+# kernel sums of batch-1 graph steps, then step (a few decode kernels changed); E2E=0 / STEP=0
+# skip the profile / step.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 MODE="${1:-all}"
@@ -122,7 +123,7 @@ if [[ "$MODE" == dev ]]; then
   timeout 200 "$BUILD/bench/bench_ops" "${ops_parts[@]}" >"$LOG/bench_ops.log" 2>&1
   summary+=("bench_ops ${ops_parts[*]}: rc=$?")
   cp "$LOG/bench_ops.log" "$OUT/" 2>/dev/null
-  e2e_profile
+  [[ "${E2E:-1}" == 1 ]] && e2e_profile
   [[ "${GEN_CHECK:-0}" == 1 ]] && generate_check
   if [[ "${NSYS:-0}" == 1 ]] && command -v nsys >/dev/null; then
     # Kernel durations at the running clock inside the replayed batch-1 graphs (ncu serialises
@@ -137,7 +138,7 @@ if [[ "$MODE" == dev ]]; then
   fi
 fi
 
-if [[ "$MODE" == step || "$MODE" == quick || "$MODE" == dev || "$MODE" == verify || "$MODE" == final ]]; then
+if [[ "$MODE" == step || "$MODE" == quick || ( "$MODE" == dev && "${STEP:-1}" == 1 ) || "$MODE" == verify || "$MODE" == final ]]; then
   # Each kernel's own duration in one eager decode step at batch 1 (what a graph replay pays).
   timeout 200 ncu --nvtx --nvtx-include "dsv4_decode_step/" --metrics gpu__time_duration.sum --csv \
     "$BUILD/tools/dsv4" bench --preset v4-flash --layers 8 --random-weights --batches 1 --prefill 64 --steps 2 \

@@ -7,10 +7,12 @@
 //      split-K kernel's own code and slices: the same bits);
 //   2. every block gathers mu; block (r, ks) writes the gates and runs Sinkhorn (or, with a gates
 //      stream, hc_pre's gates kernel does so there from the stash, beside what follows), blocks
-//      j < ks mix column slice j of u and (norm) sum its squares;
-//   3. (norm) blocks j < ks gather the row's square sums and write u = w * (u / rms).
+//      j < ks (norm: sum the squares of the whole mixed row, each block alike, then) write
+//      column slice j of u (= w * (u / rms) with the norm).
 // The barrier is a counter + sense flag in device memory, reset by the last block to arrive, so
-// a graph replays it as is.
+// a graph replays it as is. Trace of one call at one row (bench_ops, 1980 MHz): projection 3.8k
+// cycles, barrier 3.8k, mu gather 3.8k, mixing 2.2k, second barrier (the norm's slice sums)
+// 3.6k, norm 1.6k: hence the acq_rel barrier, the one-round gather and no second barrier.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -28,7 +30,6 @@ using mhc::kMaxN;
 using mhc::kProjThreads;
 
 constexpr int kMaxRows = 4;      // the fused form's batch bound (decode, MTP verification)
-constexpr int kMixPerThread = 2; // float4 columns of u a thread holds between phases 2 and 3
 
 struct GridBarrier {
   unsigned count, sense;
@@ -42,20 +43,23 @@ __device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
 
 // All `n` blocks that call it arrive before any leaves; their global writes before it are
 // visible to all after it (read them with __ldcg: L1 is not coherent). The sense is read before
-// arriving, so it cannot flip before this block has seen it.
+// arriving, so it cannot flip before this block has seen it. acq_rel fences and a tight acquire
+// spin: the sc fences (__threadfence) and a __nanosleep poll measured ~3800 cycles per barrier.
+__device__ __forceinline__ void fence_acq_rel() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 __device__ void grid_sync(GridBarrier* b, unsigned n) {
   __syncthreads();
   if (threadIdx.x == 0) {
     const unsigned s0 = load_acquire(&b->sense);
-    __threadfence();
+    fence_acq_rel();
     if (atomicAdd(&b->count, 1u) == n - 1) {
-      atomicExch(&b->count, 0u);
-      __threadfence();
-      atomicExch(&b->sense, s0 ^ 1u);
+      b->count = 0;  // ordered before the flip by the release below
+      fence_acq_rel();
+      asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(&b->sense), "r"(s0 ^ 1u) : "memory");
     } else {
-      while (load_acquire(&b->sense) == s0) __nanosleep(32);
+      while (load_acquire(&b->sense) == s0) {
+      }
     }
-    __threadfence();
+    fence_acq_rel();
   }
   __syncthreads();
 }
@@ -86,26 +90,39 @@ struct DecodeArgs {
   float hc_eps, rms_eps, norm_eps;
   const float* norm_w;  // nullptr: u is the plain mix
   float* stash;         // [R, d] projection partials
-  double* ss;           // [R, ks] square sums of u's slices
-  GridBarrier* bar;     // [2]
+  GridBarrier* bar;
   float *pre, *post, *comb, *u;
+  long long* trace;     // kTrace: [blocks][kTracePoints] clock64() of thread 0 at each phase end
 };
+
+constexpr int kTracePoints = 8;
 
 // kGates: blocks (r, ks) write the gates (and run Sinkhorn); without them the caller runs the
 // gates kernel on a side stream, off the critical path.
-template <bool kGates>
+template <bool kGates, bool kTrace>
 __global__ void __launch_bounds__(kProjThreads) hc_pre_decode_kernel(DecodeArgs a) {
   __shared__ float mu[(2 + kMaxN) * kMaxN + 1];
   __shared__ float s_pre[kMaxN];
   __shared__ double red[32];
-  __shared__ float s_inv;
   const int64_t r = blockIdx.x, R = gridDim.x;
   const int j = blockIdx.y, n = a.n, n_out = (2 + n) * n;
   const int64_t d = a.d, nd = n * d, d4 = d / 4;
+  // Phase timestamps for tuning (bench_ops): 0 start, 1 projected, 2 barrier 1, 3 mu, 4 the
+  // norm's square sum, 6 done.
+  long long* tr = kTrace ? a.trace + (r * gridDim.y + j) * kTracePoints : nullptr;
+  auto mark = [&](int point) {
+    if constexpr (kTrace) {
+      if (threadIdx.x == 0) tr[point] = clock64();
+    }
+  };
+  mark(0);
   if (j < a.ks) mhc::project_slice<(2 + kMaxN) * kMaxN, 1>(a.p.fn, a.X, R, nd, n_out, a.slice4, a.stash, d, r, j);
-  grid_sync(&a.bar[0], static_cast<unsigned>(R * (a.ks + (kGates ? 1 : 0))));
+  mark(1);
+  grid_sync(a.bar, static_cast<unsigned>(R * (a.ks + (kGates ? 1 : 0))));
+  mark(2);
   mhc::gather_mu(a.stash + r * d, n_out, a.ks, mu);
   __syncthreads();
+  mark(3);
   const float rho = mhc::rms_factor(mu[n_out], nd, a.rms_eps);
   if (kGates && j == a.ks) {  // the gates block: hc_pre_finish_kernel's gates, warp 0
     if (threadIdx.x < 32) {
@@ -119,6 +136,7 @@ __global__ void __launch_bounds__(kProjThreads) hc_pre_decode_kernel(DecodeArgs 
       const float m = mhc::sinkhorn_warp(m0, n, a.iters, a.hc_eps);
       if (lane < n * n) a.comb[r * n * n + lane] = m;
     }
+    mark(6);
     return;
   }
   if (threadIdx.x < n)
@@ -127,48 +145,43 @@ __global__ void __launch_bounds__(kProjThreads) hc_pre_decode_kernel(DecodeArgs 
   const float4* X4 = reinterpret_cast<const float4*>(a.X + r * nd);
   float4* U4 = reinterpret_cast<float4*>(a.u + r * d);
   const int64_t c0 = std::min(d4, j * a.per4), c1 = std::min(d4, c0 + a.per4);
-  float4 v[kMixPerThread];
-  double ss = 0.0;
-#pragma unroll
-  for (int i = 0; i < kMixPerThread; ++i) {
-    const int64_t c = c0 + threadIdx.x + i * kProjThreads;
-    if (c >= c1) continue;
-    v[i] = mix_column(X4, s_pre, n, d4, c);
+  float inv = 1.f;
+  if (a.norm_w) {
+    // The norm's square sum over the whole row, by every block (the same code and order in
+    // each, so they agree): ~64 KB of L2 reads per block instead of a second grid barrier and a
+    // gather of per-slice sums (~2.6 us in the trace).
+    double ss = 0.0;
+#pragma unroll 4
+    for (int64_t c = threadIdx.x; c < d4; c += kProjThreads) {
+      const float4 w = mix_column(X4, s_pre, n, d4, c);
+      ss += double(w.x) * w.x + double(w.y) * w.y + double(w.z) * w.z + double(w.w) * w.w;
+    }
+    ss = detail::block_sum(ss, red);
+    inv = 1.0f / sqrtf(static_cast<float>(ss / d) + a.norm_eps);
+    mark(4);
+  }
+  const float4* G4 = reinterpret_cast<const float4*>(a.norm_w);
+  for (int64_t c = c0 + threadIdx.x; c < c1; c += kProjThreads) {
+    const float4 v = mix_column(X4, s_pre, n, d4, c);
     if (!a.norm_w) {
-      U4[c] = v[i];
+      U4[c] = v;
       continue;
     }
-    ss += double(v[i].x) * v[i].x + double(v[i].y) * v[i].y + double(v[i].z) * v[i].z + double(v[i].w) * v[i].w;
-  }
-  if (!a.norm_w) return;
-  ss = detail::block_sum(ss, red);
-  if (threadIdx.x == 0) a.ss[r * a.ks + j] = ss;
-  grid_sync(&a.bar[1], static_cast<unsigned>(R * a.ks));
-  if (threadIdx.x < 32) {  // the row's square sum in a fixed order: lanes stride the slices
-    double t = 0.0;
-    for (int k = threadIdx.x; k < a.ks; k += 32) t += __ldcg(a.ss + r * a.ks + k);
-    t = detail::warp_sum(t);
-    if (threadIdx.x == 0) s_inv = 1.0f / sqrtf(static_cast<float>(t / d) + a.norm_eps);
-  }
-  __syncthreads();
-  const float inv = s_inv;
-  const float4* G4 = reinterpret_cast<const float4*>(a.norm_w);
-#pragma unroll
-  for (int i = 0; i < kMixPerThread; ++i) {
-    const int64_t c = c0 + threadIdx.x + i * kProjThreads;
-    if (c >= c1) continue;
     const float4 g = G4[c];
-    U4[c] = make_float4(g.x * (v[i].x * inv), g.y * (v[i].y * inv), g.z * (v[i].z * inv), g.w * (v[i].w * inv));
+    U4[c] = make_float4(g.x * (v.x * inv), g.y * (v.y * inv), g.z * (v.z * inv), g.w * (v.w * inv));
   }
+  mark(6);
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 bool g_enabled = true;
+long long* g_trace = nullptr;
 
 }  // namespace
 
 void set_hc_pre_decode_enabled(bool on) { g_enabled = on; }
+void set_hc_pre_decode_trace(long long* buf) { g_trace = buf; }
 
 int hc_pre_decode_slices(int64_t R, int64_t n, int64_t d) {
   const int64_t n_out = (2 + n) * n, nd4 = n * d / 4;
@@ -177,7 +190,6 @@ int hc_pre_decode_slices(int64_t R, int64_t n, int64_t d) {
   ks = std::min<int64_t>(ks, std::max<int64_t>(1, nd4 / kProjThreads));
   ks = std::max<int64_t>(1, std::min<int64_t>(ks, d / (n_out + 1)));
   if (!g_enabled || R < 1 || R > kMaxRows || n < 1 || n > kMaxN || d % 4 != 0 || R * (ks + 1) > sm_count()) return 0;
-  if (ceil_div(d / 4, ks) > int64_t(kMixPerThread) * kProjThreads) return 0;
   return static_cast<int>(ks);
 }
 
@@ -186,14 +198,12 @@ bool hc_pre_decode(const HcParams& p, const float* X, int64_t R, int64_t n, int6
                    float* stash, bool gates, cudaStream_t s) {
   const int ks = hc_pre_decode_slices(R, n, d);
   if (ks == 0 || !aligned16(X) || !aligned16(u) || !aligned16(p.fn) || (norm_w && !aligned16(norm_w))) return false;
-  static DeviceBuffer ss, bar;
-  grow_scratch(ss, static_cast<size_t>(kMaxRows * 256) * sizeof(double));
+  static DeviceBuffer bar;
   if (!bar.get()) {  // once per process: a zero count and sense (the barrier resets itself after that)
-    bar = DeviceBuffer(2 * sizeof(GridBarrier));
+    bar = DeviceBuffer(sizeof(GridBarrier));
     DSV4_CUDA_CHECK(cudaMemsetAsync(bar.get(), 0, bar.bytes(), s));
     note_scratch_alloc();
   }
-  DSV4_CHECK(R * ks <= kMaxRows * 256, "hc_pre_decode: square-sum buffer too small");
   DecodeArgs a{};
   a.X = X;
   a.p = p;
@@ -208,17 +218,18 @@ bool hc_pre_decode(const HcParams& p, const float* X, int64_t R, int64_t n, int6
   a.norm_eps = norm_eps;
   a.norm_w = norm_w;
   a.stash = stash;
-  a.ss = ss.as<double>();
   a.bar = bar.as<GridBarrier>();
   a.pre = pre;
   a.post = post;
   a.comb = comb;
   a.u = u;
   const dim3 grid(static_cast<unsigned>(R), static_cast<unsigned>(ks + (gates ? 1 : 0)));
-  if (gates)
-    hc_pre_decode_kernel<true><<<grid, kProjThreads, 0, s>>>(a);
+  a.trace = g_trace;
+  auto go = [&](auto kernel) { kernel<<<grid, kProjThreads, 0, s>>>(a); };
+  if (g_trace)
+    gates ? go(hc_pre_decode_kernel<true, true>) : go(hc_pre_decode_kernel<false, true>);
   else
-    hc_pre_decode_kernel<false><<<grid, kProjThreads, 0, s>>>(a);
+    gates ? go(hc_pre_decode_kernel<true, false>) : go(hc_pre_decode_kernel<false, false>);
   DSV4_CUDA_LAUNCH_CHECK();
   return true;
 }

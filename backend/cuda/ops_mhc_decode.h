@@ -13,6 +13,9 @@ namespace dsv4::cuda::detail {
 int hc_pre_decode_slices(int64_t R, int64_t n, int64_t d);
 // On by default; benchmarks turn it off to time the three-launch form.
 void set_hc_pre_decode_enabled(bool on);
+// Tuning: with a device buffer of [R x (slices + 1)] x 8 int64, each block's thread 0 stores
+// clock64() at the phase ends (ops_mhc_decode.cu); nullptr turns it off.
+void set_hc_pre_decode_trace(long long* buf);
 // hc_pre (+ the RMS norm with norm_w when given) in one launch; false (nothing enqueued) when
 // the shape or alignment does not fit. stash: [R, d] floats; on return it holds the projection
 // partials of hc_pre_decode_slices(R, n, d) slices per row. gates = false: pre / post / comb are
