@@ -23,7 +23,7 @@
 # dev: EXTRA_TESTS, MEMCHECK ("binary filter;..."), bench_linear BENCH_LINEAR, bench_ops
 # BENCH_OPS_PARTS, `dsv4 bench --profile`, GEN_CHECK=1: the CLI speculative checks, NSYS=1: nsys
 # kernel sums of batch-1 graph steps, then step (a few decode kernels changed); E2E=0 / STEP=0
-# skip the profile / step.
+# skip the profile / step. TARGETS="a b": build only those (any mode).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 MODE="${1:-all}"
@@ -74,6 +74,7 @@ read -r -a extra <<<"${EXTRA_TESTS:-}"
 [[ "$MODE" == ops-ncu ]] && targets=(--target bench_ops dsv4 "${extra[@]}")
 [[ "$MODE" == moe-attn ]] && targets=(--target cuda_moe_test cuda_ops_attention_test bench_linear bench_ops dsv4 "${extra[@]}")
 [[ "$MODE" == dev ]] && targets=(--target bench_linear bench_ops dsv4 "${extra[@]}")
+if [[ -n "${TARGETS:-}" ]]; then read -r -a only <<<"$TARGETS"; targets=(--target "${only[@]}"); fi
 if ! cmake --build "$BUILD" -j"$JOBS" "${targets[@]}" >"$LOG/build.log" 2>&1; then
   grep -E "error|Error" "$LOG/build.log" | head -40; cp "$LOG/build.log" "$OUT/"; echo "build FAILED"; exit 1
 fi

@@ -75,10 +75,12 @@ __device__ __forceinline__ void project_slice(const float* fn, const float* X, i
 // lanes the slices (a fixed shuffle tree: deterministic). One thread per output walking ~30
 // slices serially was a chain of dependent L2 loads, ~15 us of every decode hc_pre. Must be
 // followed by a barrier before mu is read or the stash (the output row) is overwritten.
+// kPerWarp: outputs per warp whose loads are in flight together. 4 for the 8-warp finish
+// kernels (8 there took prefill hc_pre from ~270 to ~340 us per 4096-row call: 26 of 64 slots
+// used, twice the registers); 8 for the 4-warp decode kernel (25 outputs in one round). The
+// sums do not depend on it (same bits).
+template <int kPerWarp = 4>
 __device__ inline void gather_mu(const float* stash, int n_out, int ksplit, float* mu) {
-  // Outputs per warp whose loads are in flight together: 8 covers the 25 of hc_pre in one round
-  // with 4 warps (the one-launch decode form; two rounds of 4 measured ~1.9 us there).
-  constexpr int kPerWarp = 8;
   const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
   for (int o0 = threadIdx.x >> 5; o0 <= n_out; o0 += warps * kPerWarp) {
     // Every slice of kPerWarp outputs is loaded before any is summed (ksplit <= 4 x 32 in

@@ -120,7 +120,7 @@ __global__ void __launch_bounds__(kProjThreads) hc_pre_decode_kernel(DecodeArgs 
   mark(1);
   grid_sync(a.bar, static_cast<unsigned>(R * (a.ks + (kGates ? 1 : 0))));
   mark(2);
-  mhc::gather_mu(a.stash + r * d, n_out, a.ks, mu);
+  mhc::gather_mu<8>(a.stash + r * d, n_out, a.ks, mu);
   __syncthreads();
   mark(3);
   const float rho = mhc::rms_factor(mu[n_out], nd, a.rms_eps);
