@@ -49,6 +49,28 @@ e2e_profile() {
   save
 }
 
+# memcheck_spec SECONDS "binary filter": compute-sanitizer memcheck on one test binary (filter: a
+# gtest glob, * when missing).
+memcheck_spec() {
+  local limit=$1
+  set -f  # the filters are globs for gtest, not for the shell
+  set -- $2
+  set +f
+  timeout "$limit" compute-sanitizer --tool memcheck --error-exitcode 9 "$BUILD/tests/cuda/$1" \
+    --gtest_filter="${2:-*}" >"$LOG/sanitizer-$1.log" 2>&1
+  summary+=("memcheck $1 (${2:-*}): rc=$? $(grep -E 'ERROR SUMMARY' "$LOG/sanitizer-$1.log" | tail -1)")
+}
+
+# The EXTRA_TESTS binaries, each whole; failures' lines into extra-tests-summary.log.
+run_extra_tests() {
+  for t in "${extra[@]}"; do
+    timeout 200 "$BUILD/tests/cuda/$t" >"$LOG/$t.log" 2>&1
+    summary+=("$t: rc=$? $(grep -E 'PASSED|FAILED' "$LOG/$t.log" | tr '\n' ' ')")
+    grep -E "Failure|Expected|Which is|error|rel" "$LOG/$t.log" | head -30 >>"$LOG/extra-tests-summary.log"
+  done
+  cp "$LOG/extra-tests-summary.log" "$OUT/" 2>/dev/null
+}
+
 # Greedy CLI generation with and without MTP speculation (k = 1..3 verify 2-4 rows): same ids.
 generate_check() {
   gen=("$BUILD/tools/dsv4" generate --device cuda --prompt-ids 3,17,99,250,7,7,41 --max-new-tokens 40)
@@ -100,21 +122,9 @@ fi
 # bench_linear BENCH_LINEAR (a part name), bench_ops BENCH_OPS_PARTS, dsv4 bench --profile and
 # the ncu decode step: one round trip for a change to a few decode kernels.
 if [[ "$MODE" == dev ]]; then
-  for t in "${extra[@]}"; do
-    timeout 200 "$BUILD/tests/cuda/$t" >"$LOG/$t.log" 2>&1
-    summary+=("$t: rc=$? $(grep -E 'PASSED|FAILED' "$LOG/$t.log" | tr '\n' ' ')")
-    grep -E "Failure|Expected|Which is|error|rel" "$LOG/$t.log" | head -30 >>"$LOG/extra-tests-summary.log"
-  done
-  cp "$LOG/extra-tests-summary.log" "$OUT/" 2>/dev/null
+  run_extra_tests
   IFS=';' read -r -a checks <<<"${MEMCHECK:-}"
-  for spec in "${checks[@]}"; do
-    set -f
-    set -- $spec
-    set +f
-    timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 "$BUILD/tests/cuda/$1" --gtest_filter="${2:-*}" \
-      >"$LOG/sanitizer-$1.log" 2>&1
-    summary+=("memcheck $1 (${2:-*}): rc=$? $(grep -E 'ERROR SUMMARY' "$LOG/sanitizer-$1.log" | tail -1)")
-  done
+  for spec in "${checks[@]}"; do memcheck_spec 150 "$spec"; done
   save
   if [[ "${BENCH_LINEAR:-linear}" != 0 ]]; then
     timeout 200 "$BUILD/bench/bench_linear" ${BENCH_LINEAR:-linear} >"$LOG/bench_linear.log" 2>&1
@@ -200,12 +210,7 @@ if [[ "$MODE" == ops-ncu ]]; then
 fi
 
 if [[ "$MODE" == moe || "$MODE" == moe-ncu || "$MODE" == moe-attn || "$MODE" == ops-ncu ]]; then
-  for t in "${extra[@]}"; do
-    timeout 200 "$BUILD/tests/cuda/$t" >"$LOG/$t.log" 2>&1
-    summary+=("$t: rc=$? $(grep -E 'PASSED|FAILED' "$LOG/$t.log" | tr '\n' ' ')")
-    grep -E "Failure|Expected|Which is|error|rel" "$LOG/$t.log" | head -30 >>"$LOG/extra-tests-summary.log"
-  done
-  cp "$LOG/extra-tests-summary.log" "$OUT/" 2>/dev/null
+  run_extra_tests
 fi
 
 if [[ "$MODE" == moe || "$MODE" == moe-ncu || "$MODE" == moe-attn ]]; then
@@ -273,12 +278,7 @@ if [[ "$MODE" == verify || "$MODE" == final ]]; then
   for spec in "cuda_moe_test *Packed*" "cuda_linear_test *Fp8Mma*:*Grouped*:*SharedInput*" "cuda_ops_norm_test *" \
               "cuda_ops_mhc_test *" "cuda_ops_attention_test *" "cuda_ops_moe_route_test *" \
               "cuda_ops_indexer_test *" "cuda_model_test CudaFastPath*"; do
-    set -f  # the filters are globs for gtest, not for the shell
-    set -- $spec
-    set +f
-    timeout 100 compute-sanitizer --tool memcheck --error-exitcode 9 "$BUILD/tests/cuda/$1" --gtest_filter="$2" \
-      >"$LOG/sanitizer-$1.log" 2>&1
-    summary+=("memcheck $1 ($2): rc=$? $(grep -E 'ERROR SUMMARY' "$LOG/sanitizer-$1.log" | tail -1)")
+    memcheck_spec 100 "$spec"
   done
   save
 fi

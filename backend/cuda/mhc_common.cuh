@@ -150,30 +150,26 @@ __device__ inline float sinkhorn_warp(float m, int n, int iters, float eps) {
   return n == 4 ? sinkhorn_warp_n<4>(m, n, iters, eps) : sinkhorn_warp_n<0>(m, n, iters, eps);
 }
 
-// out[c] = Σ_i coef[i] X[i, c] for the float4 columns [c0, c1) of one row (coef in shared memory;
-// the first MAXN streams' loads issued together, any further ones after).
-template <int MAXN>
-__device__ inline void mix_slice(const float* X, const float* coef, int64_t n, int64_t d, int64_t c0, int64_t c1,
-                          float* out) {
-  const float4* X4 = reinterpret_cast<const float4*>(X);
-  float4* O4 = reinterpret_cast<float4*>(out);
-  const int64_t d4 = d / 4;
-  for (int64_t c = c0 + threadIdx.x; c < c1; c += blockDim.x) {
-    // All n streams' loads in flight before the sums (a loop bounded by the runtime n issued them
-    // one after another: ncu at 4096 rows, half of the stalls on the load scoreboard).
-    float4 x[MAXN];
+// Float4 column c of Σ_i coef[i] X[i] (coef in shared memory): the first MAXN streams' loads
+// issued together before the sums (a loop bounded by the runtime n issued them one after
+// another: ncu at 4096 rows, half of the stalls on the load scoreboard), any further ones after
+// (kTail; without it n <= MAXN).
+template <int MAXN, bool kTail = true, typename N>
+__device__ __forceinline__ float4 mix_column(const float4* X4, const float* coef, N n, int64_t d4, int64_t c) {
+  float4 x[MAXN];
 #pragma unroll
-    for (int i = 0; i < MAXN; ++i) x[i] = i < n ? X4[i * d4 + c] : make_float4(0.f, 0.f, 0.f, 0.f);
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int i = 0; i < MAXN; ++i) x[i] = i < n ? X4[i * d4 + c] : make_float4(0.f, 0.f, 0.f, 0.f);
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-    for (int i = 0; i < MAXN; ++i) {
-      if (i >= n) break;
-      const float p = coef[i];
-      acc.x += p * x[i].x;
-      acc.y += p * x[i].y;
-      acc.z += p * x[i].z;
-      acc.w += p * x[i].w;
-    }
+  for (int i = 0; i < MAXN; ++i) {
+    if (i >= n) break;
+    const float p = coef[i];
+    acc.x += p * x[i].x;
+    acc.y += p * x[i].y;
+    acc.z += p * x[i].z;
+    acc.w += p * x[i].w;
+  }
+  if constexpr (kTail) {
     for (int64_t i = MAXN; i < n; ++i) {  // the head's wider n (hc_head allows up to 24)
       const float4 xi = X4[i * d4 + c];
       const float p = coef[i];
@@ -182,8 +178,17 @@ __device__ inline void mix_slice(const float* X, const float* coef, int64_t n, i
       acc.z += p * xi.z;
       acc.w += p * xi.w;
     }
-    O4[c] = acc;
   }
+  return acc;
+}
+
+// out[c] = mix_column(c) for the float4 columns [c0, c1) of one row.
+template <int MAXN>
+__device__ inline void mix_slice(const float* X, const float* coef, int64_t n, int64_t d, int64_t c0, int64_t c1,
+                                 float* out) {
+  const float4* X4 = reinterpret_cast<const float4*>(X);
+  float4* O4 = reinterpret_cast<float4*>(out);
+  for (int64_t c = c0 + threadIdx.x; c < c1; c += blockDim.x) O4[c] = mix_column<MAXN>(X4, coef, n, d / 4, c);
 }
 
 }  // namespace dsv4::cuda::mhc

@@ -64,24 +64,6 @@ __device__ void grid_sync(GridBarrier* b, unsigned n) {
   __syncthreads();
 }
 
-// One float4 column c of Σ_i coef[i] X[i]: mix_slice's arithmetic for n <= kMaxN.
-__device__ __forceinline__ float4 mix_column(const float4* X4, const float* coef, int n, int64_t d4, int64_t c) {
-  float4 x[kMaxN];
-#pragma unroll
-  for (int i = 0; i < kMaxN; ++i) x[i] = i < n ? X4[i * d4 + c] : make_float4(0.f, 0.f, 0.f, 0.f);
-  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-  for (int i = 0; i < kMaxN; ++i) {
-    if (i >= n) break;
-    const float p = coef[i];
-    acc.x += p * x[i].x;
-    acc.y += p * x[i].y;
-    acc.z += p * x[i].z;
-    acc.w += p * x[i].w;
-  }
-  return acc;
-}
-
 struct DecodeArgs {
   const float* X;
   HcParams p;
@@ -153,7 +135,7 @@ __global__ void __launch_bounds__(kProjThreads) hc_pre_decode_kernel(DecodeArgs 
     double ss = 0.0;
 #pragma unroll 4
     for (int64_t c = threadIdx.x; c < d4; c += kProjThreads) {
-      const float4 w = mix_column(X4, s_pre, n, d4, c);
+      const float4 w = mhc::mix_column<kMaxN, false>(X4, s_pre, n, d4, c);
       ss += double(w.x) * w.x + double(w.y) * w.y + double(w.z) * w.z + double(w.w) * w.w;
     }
     ss = detail::block_sum(ss, red);
@@ -162,7 +144,7 @@ __global__ void __launch_bounds__(kProjThreads) hc_pre_decode_kernel(DecodeArgs 
   }
   const float4* G4 = reinterpret_cast<const float4*>(a.norm_w);
   for (int64_t c = c0 + threadIdx.x; c < c1; c += kProjThreads) {
-    const float4 v = mix_column(X4, s_pre, n, d4, c);
+    const float4 v = mhc::mix_column<kMaxN, false>(X4, s_pre, n, d4, c);
     if (!a.norm_w) {
       U4[c] = v;
       continue;
