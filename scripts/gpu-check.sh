@@ -10,7 +10,7 @@
 # step: ncu kernel durations of one decode step (scripts/ncu_step_summary.py).
 # ops: bench_ops attention + indexer with the async scratch pool released / kept.
 # moe: only the MoE test binary, bench_linear moe and `dsv4 bench --profile` (built alone: quick
-# iterations on the expert kernels), with memcheck on the wgmma test.
+# iterations on the expert kernels), with memcheck on the wgmma test and on MEMCHECK.
 # (EXTRA_TESTS: test binaries built and run first in the moe modes.)
 # moe-attn: moe plus the attention op test (and memcheck) and bench_ops attention (BENCH_OPS_PARTS
 # picks other parts).
@@ -220,6 +220,8 @@ if [[ "$MODE" == moe || "$MODE" == moe-ncu || "$MODE" == moe-attn ]]; then
   timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 "$BUILD/tests/cuda/cuda_moe_test" \
     --gtest_filter='*Wgmma*' >"$LOG/sanitizer-moe-wgmma.log" 2>&1
   summary+=("memcheck wgmma: rc=$? $(grep -E 'ERROR SUMMARY' "$LOG/sanitizer-moe-wgmma.log" | tail -1)")
+  IFS=';' read -r -a checks <<<"${MEMCHECK:-}"
+  for spec in "${checks[@]}"; do memcheck_spec 150 "$spec"; done
   cp "$LOG/moe-test-summary.log" "$OUT/" 2>/dev/null
   save
   timeout 200 "$BUILD/bench/bench_linear" moe >"$LOG/bench_linear.log" 2>&1

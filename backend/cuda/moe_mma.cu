@@ -10,8 +10,8 @@
 #include <cuda_fp8.h>
 
 #include "backend/cuda/check.h"
-#include "backend/cuda/mma_e4m3.cuh"
 #include "backend/cuda/moe.h"
+#include "backend/cuda/moe_mma_block.cuh"
 #include "backend/cuda/moe_tiles.cuh"
 #include "backend/cuda/ops_common.cuh"
 #include "backend/cuda/pdl.cuh"
@@ -48,24 +48,23 @@ __device__ __forceinline__ void rows_times_tile(const DevWeight* const (&w)[NM],
   }
 #pragma unroll UNROLL
   for (int64_t kb = kb0; kb < kb1; ++kb) {
-    uint32_t wa[NM][4], wb[NM][4], ea[NM], eb[NM];
-    uint2 xc[4];
+    BlockOperands<NM> o;
 #pragma unroll
     for (int m = 0; m < NM; ++m) {
       if constexpr (PACKED) {  // the thread's four words of the block are adjacent (pack_fp4_for_mma)
         const uint4 a = __ldg(reinterpret_cast<const uint4*>(pa[m] + kb * 64));
         const uint4 b = __ldg(reinterpret_cast<const uint4*>(pa[m] + 8 * rb + kb * 64));
-        wa[m][0] = a.x, wa[m][1] = a.y, wa[m][2] = a.z, wa[m][3] = a.w;
-        wb[m][0] = b.x, wb[m][1] = b.y, wb[m][2] = b.z, wb[m][3] = b.w;
+        o.wa[m][0] = a.x, o.wa[m][1] = a.y, o.wa[m][2] = a.z, o.wa[m][3] = a.w;
+        o.wb[m][0] = b.x, o.wb[m][1] = b.y, o.wb[m][2] = b.z, o.wb[m][3] = b.w;
       } else {
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          wa[m][j] = ld32(pa[m] + (kb * 4 + j) * 16);
-          wb[m][j] = ld32(pa[m] + 8 * rb + (kb * 4 + j) * 16);
+          o.wa[m][j] = ld32(pa[m] + (kb * 4 + j) * 16);
+          o.wb[m][j] = ld32(pa[m] + 8 * rb + (kb * 4 + j) * 16);
         }
       }
-      ea[m] = ld32(sa[m] + kb * 4);  // E8M0 of the block's 4 groups, rows g and g+8
-      eb[m] = ld32(sa[m] + 8 * sc + kb * 4);
+      o.ea[m] = ld32(sa[m] + kb * 4);  // E8M0 of the block's 4 groups, rows g and g+8
+      o.eb[m] = ld32(sa[m] + 8 * sc + kb * 4);
     }
     if constexpr (PACKED) {  // act_quant_fp8's mma-packed order: the thread's 32 codes are adjacent
       uint4 lo = make_uint4(0u, 0u, 0u, 0u), hi = lo;
@@ -73,39 +72,15 @@ __device__ __forceinline__ void rows_times_tile(const DevWeight* const (&w)[NM],
         lo = __ldg(reinterpret_cast<const uint4*>(x.codes + kb * 128));
         hi = __ldg(reinterpret_cast<const uint4*>(x.codes + kb * 128 + 16));
       }
-      xc[0] = make_uint2(lo.x, lo.y), xc[1] = make_uint2(lo.z, lo.w);
-      xc[2] = make_uint2(hi.x, hi.y), xc[3] = make_uint2(hi.z, hi.w);
+      o.xc[0] = make_uint2(lo.x, lo.y), o.xc[1] = make_uint2(lo.z, lo.w);
+      o.xc[2] = make_uint2(hi.x, hi.y), o.xc[3] = make_uint2(hi.z, hi.w);
     } else {
 #pragma unroll
       for (int j = 0; j < 4; ++j)
-        xc[j] = x.codes ? __ldg(reinterpret_cast<const uint2*>(x.codes + (kb * 4 + j) * 32)) : make_uint2(0u, 0u);
+        o.xc[j] = x.codes ? __ldg(reinterpret_cast<const uint2*>(x.codes + (kb * 4 + j) * 32)) : make_uint2(0u, 0u);
     }
-    const float x0 = __ldg(x.s0 + kb * x.ld_s), x1 = __ldg(x.s1 + kb * x.ld_s);
-    uint32_t xe[4], xo[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) split_even_odd(xc[j], xe[j], xo[j]);
-#pragma unroll
-    for (int m = 0; m < NM; ++m) {
-      float blk[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        uint32_t ae, ao, be, bo;
-        e2m1x8_e4m3(wa[m][j], ae, ao);
-        e2m1x8_e4m3(wb[m][j], be, bo);
-        float c[4];
-        mma_e4m3(c, ae, be, ao, bo, xe[j], xo[j]);
-        const float s_a = e8m0_dev(static_cast<uint8_t>(ea[m] >> (8 * j))),
-                    s_b = e8m0_dev(static_cast<uint8_t>(eb[m] >> (8 * j)));
-        blk[0] += c[0] * s_a;
-        blk[1] += c[1] * s_a;
-        blk[2] += c[2] * s_b;
-        blk[3] += c[3] * s_b;
-      }
-      acc[m][0] += blk[0] * x0;
-      acc[m][1] += blk[1] * x1;
-      acc[m][2] += blk[2] * x0;
-      acc[m][3] += blk[3] * x1;
-    }
+    o.x0 = __ldg(x.s0 + kb * x.ld_s), o.x1 = __ldg(x.s1 + kb * x.ld_s);
+    block_product<NM>(o, acc);
   }
 }
 
