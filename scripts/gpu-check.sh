@@ -23,7 +23,7 @@
 # dev: EXTRA_TESTS, MEMCHECK ("binary filter;..."), bench_linear BENCH_LINEAR, bench_ops
 # BENCH_OPS_PARTS, `dsv4 bench --profile`, GEN_CHECK=1: the CLI speculative checks, NSYS=1: nsys
 # kernel sums of batch-1 graph steps, then step (a few decode kernels changed); E2E=0 / STEP=0
-# skip the profile / step. TARGETS="a b": build only those (any mode).
+# skip the profile / step. TARGETS="a b": build only those (any mode). E2E_AB (any mode): see e2e_ab.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 MODE="${1:-all}"
@@ -47,6 +47,24 @@ e2e_profile() {
   summary+=("dsv4 bench --profile: rc=$?")
   cp "$LOG/e2e-profile.log" "$LOG/bench_linear.log" "$OUT/" 2>/dev/null
   save
+}
+
+# E2E_AB="VAR=value ...;VAR=value ...": `dsv4 bench` (no profile; batches E2E_BATCHES, default
+# 1,16,64,256; prefill E2E_PREFILL, default 4096) with the default settings, then with each group of
+# variables set, one after the other on the same machine; every table into the summary.
+e2e_ab() {
+  local batches="${E2E_BATCHES:-1,16,64,256}" prefill="${E2E_PREFILL:-4096}" sides=() i=0
+  IFS=';' read -r -a sides <<<";$E2E_AB"
+  for side in "${sides[@]}"; do
+    local envs=()
+    read -r -a envs <<<"$side"
+    timeout 240 env "${envs[@]}" "$BUILD/tools/dsv4" bench --preset v4-flash --layers 8 --random-weights \
+      --batches "$batches" --prefill "$prefill" >"$LOG/e2e-ab$i.log" 2>&1
+    summary+=("dsv4 bench (${side:-default}): rc=$?")
+    while IFS= read -r line; do summary+=("  $line"); done < <(grep -E "^prefill|^[0-9]+ +[0-9]|copy bandwidth" "$LOG/e2e-ab$i.log")
+    save
+    i=$((i + 1))
+  done
 }
 
 # memcheck_spec SECONDS "binary filter": compute-sanitizer memcheck on one test binary (filter: a
@@ -83,9 +101,22 @@ generate_check() {
   save
 }
 
+# PREBUILT=file.tgz: binaries built elsewhere (same relative paths as the build tree: tools/dsv4,
+# bench/..., tests/cuda/...) are unpacked into $BUILD and used without building, if they run here
+# (a machine image with other system libraries falls back to the build below).
+if [[ -n "${PREBUILT:-}" ]]; then
+  mkdir -p "$BUILD" && tar -xzf "$PREBUILT" -C "$BUILD"
+  if "$BUILD/tools/dsv4" --help >/dev/null 2>&1; then
+    summary+=("prebuilt binaries from $PREBUILT")
+    SKIP_BUILD=1
+  else
+    summary+=("prebuilt binaries do not run here: building")
+  fi
+fi
 GEN=()
 command -v ninja >/dev/null && GEN=(-G Ninja)
-if ! cmake -S . -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DDSV4_CUDA=ON -DDSV4_CHAT=OFF \
+if [[ "${SKIP_BUILD:-0}" == 1 ]]; then :
+elif ! cmake -S . -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DDSV4_CUDA=ON -DDSV4_CHAT=OFF \
      -DCMAKE_CUDA_COMPILER="$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)" >"$LOG/configure.log" 2>&1; then
   tail -30 "$LOG/configure.log"; cp "$LOG/configure.log" "$OUT/"; echo "configure FAILED"; exit 1
 fi
@@ -97,7 +128,7 @@ read -r -a extra <<<"${EXTRA_TESTS:-}"
 [[ "$MODE" == moe-attn ]] && targets=(--target cuda_moe_test cuda_ops_attention_test bench_linear bench_ops dsv4 "${extra[@]}")
 [[ "$MODE" == dev ]] && targets=(--target bench_linear bench_ops dsv4 "${extra[@]}")
 if [[ -n "${TARGETS:-}" ]]; then read -r -a only <<<"$TARGETS"; targets=(--target "${only[@]}"); fi
-if ! cmake --build "$BUILD" -j"$JOBS" "${targets[@]}" >"$LOG/build.log" 2>&1; then
+if [[ "${SKIP_BUILD:-0}" != 1 ]] && ! cmake --build "$BUILD" -j"$JOBS" "${targets[@]}" >"$LOG/build.log" 2>&1; then
   grep -E "error|Error" "$LOG/build.log" | head -40; cp "$LOG/build.log" "$OUT/"; echo "build FAILED"; exit 1
 fi
 summary+=("build ok")
@@ -226,8 +257,11 @@ if [[ "$MODE" == moe || "$MODE" == moe-ncu || "$MODE" == moe-attn ]]; then
   save
   timeout 200 "$BUILD/bench/bench_linear" moe >"$LOG/bench_linear.log" 2>&1
   summary+=("bench_linear moe: rc=$?")
+  cp "$LOG/bench_linear.log" "$OUT/" 2>/dev/null
+  save
 fi
-[[ "$MODE" == moe || "$MODE" == moe-ncu || "$MODE" == moe-attn || "$MODE" == ops-ncu ]] && e2e_profile
+[[ ( "$MODE" == moe || "$MODE" == moe-ncu || "$MODE" == moe-attn || "$MODE" == ops-ncu ) && "${E2E:-1}" == 1 ]] && e2e_profile
+[[ -n "${E2E_AB:-}" ]] && e2e_ab
 
 if [[ "$MODE" == moe-ncu ]]; then
   # BENCH_MOE_TOKENS=4096: packed experts only; the default tiles are wgmma. Skip one warm-up call.

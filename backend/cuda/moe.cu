@@ -365,6 +365,7 @@ struct MoeRunner::Impl {
   };
   std::map<std::pair<const void*, size_t>, Table> tables;
   DeviceBuffer slot_pair, tiles, n_tiles, H, G, V, Y, xq, xq8, xsc, hq8, hsc, xb, hb;
+  bool poison = false;  // set_poison_scratch
 
   Table& table(const ExpertSet& set) {
     const size_t E = set.w1.size();
@@ -414,6 +415,7 @@ bool MoeRunner::pack_for_tensor_cores(const ExpertSet& set, cudaStream_t s) {
   tb.packed = true;
   return true;
 }
+void MoeRunner::set_poison_scratch(bool on) { impl_->poison = on; }
 MoeRunner::~MoeRunner() = default;
 
 namespace {
@@ -507,6 +509,10 @@ void MoeRunner::run(const ExpertSet& set, const float* x, int64_t R, const int32
   int32_t* nt = m.n_tiles.as<int32_t>();
   float* H = m.H.as<float>();
   float* Y = m.Y.as<float>();
+  if (m.poison) {
+    DSV4_CUDA_CHECK(cudaMemsetAsync(H, 0xFF, pairs * I * sizeof(float), s));
+    DSV4_CUDA_CHECK(cudaMemsetAsync(Y, 0xFF, pairs * d * sizeof(float), s));
+  }
 
   group_kernel<<<1, 1024, 0, s>>>(experts, static_cast<int>(pairs), E, T, sp, tiles, nt);
   DSV4_CUDA_LAUNCH_CHECK();
@@ -532,13 +538,18 @@ void MoeRunner::run(const ExpertSet& set, const float* x, int64_t R, const int32
     const uint8_t *xq = m.xq8.as<uint8_t>(), *hq = m.hq8.as<uint8_t>();
     const float *xs = m.xsc.as<float>(), *hs = m.hsc.as<float>();
     const int k = static_cast<int>(K);
+    const bool stream = !wide && tb.packed && moe_stream_ok(d, I);
     if (wide)
       mma_gateup_wide(tab, tiles, nt, max_tiles, sp, k, xq, xs, R, d, I, limit, H, s);
+    else if (stream)
+      mma_gateup_stream(tab, tiles, nt, max_tiles, sp, k, xq, xs, R, d, I, limit, H, s);
     else
       mma_gateup(tab, tb.packed, tiles, nt, max_tiles, sp, k, xq, xs, R, d, I, limit, H, s);
     act_quant_fp8(H, pairs, I, I, pairs, m.hq8.as<uint8_t>(), I, m.hsc.as<float>(), s, tb.packed);
     if (wide)
       mma_down_wide(tab, tiles, nt, max_tiles, sp, hq, hs, pairs, d, I, Y, s);
+    else if (stream)
+      mma_down_stream(tab, tiles, nt, max_tiles, sp, hq, hs, pairs, d, I, Y, s);
     else
       mma_down(tab, tb.packed, tiles, nt, max_tiles, sp, hq, hs, pairs, d, I, Y, s);
     combine(Y, experts, weights, R, static_cast<int>(K), E, d, accumulate, out, s);

@@ -23,15 +23,6 @@ constexpr int kSplitWarps = kMmaKSlices;  // K slices per CTA: 1-token tiles nee
 
 __device__ __forceinline__ uint32_t ld32(const uint8_t* p) { return __ldg(reinterpret_cast<const uint32_t*>(p)); }
 
-// The activation operand: token column g's codes (row-major, ld = K of the weight) and the
-// per-128-block scales of the thread's two C columns.
-struct TokenOperand {
-  const uint8_t* codes;  // row of token g, offset 8q (32q packed); nullptr: no token in this column
-  const float* s0;       // scales of column 2q / 2q+1: s[kb * ld]
-  const float* s1;
-  int64_t ld_s;
-};
-
 // acc[m][i] += Σ_k W_m[row_i, k] x[col_i, k] over 128-blocks [kb0, kb1) (unscaled by 2^6) for
 // the NM weights of one expert that share x (gate and up: their loads are in flight together).
 template <int NM, bool PACKED, int UNROLL>
@@ -67,19 +58,13 @@ __device__ __forceinline__ void rows_times_tile(const DevWeight* const (&w)[NM],
       o.eb[m] = ld32(sa[m] + 8 * sc + kb * 4);
     }
     if constexpr (PACKED) {  // act_quant_fp8's mma-packed order: the thread's 32 codes are adjacent
-      uint4 lo = make_uint4(0u, 0u, 0u, 0u), hi = lo;
-      if (x.codes) {
-        lo = __ldg(reinterpret_cast<const uint4*>(x.codes + kb * 128));
-        hi = __ldg(reinterpret_cast<const uint4*>(x.codes + kb * 128 + 16));
-      }
-      o.xc[0] = make_uint2(lo.x, lo.y), o.xc[1] = make_uint2(lo.z, lo.w);
-      o.xc[2] = make_uint2(hi.x, hi.y), o.xc[3] = make_uint2(hi.z, hi.w);
+      load_packed_tokens<NM>(x, kb, o);
     } else {
 #pragma unroll
       for (int j = 0; j < 4; ++j)
         o.xc[j] = x.codes ? __ldg(reinterpret_cast<const uint2*>(x.codes + (kb * 4 + j) * 32)) : make_uint2(0u, 0u);
+      o.x0 = __ldg(x.s0 + kb * x.ld_s), o.x1 = __ldg(x.s1 + kb * x.ld_s);
     }
-    o.x0 = __ldg(x.s0 + kb * x.ld_s), o.x1 = __ldg(x.s1 + kb * x.ld_s);
     block_product<NM>(o, acc);
   }
 }

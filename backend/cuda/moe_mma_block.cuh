@@ -72,6 +72,28 @@ __device__ __forceinline__ void block_product_as(const BlockOperands<NM>& o, con
   }
 }
 
+// The activation operand: token column g's codes (row-major, ld = K of the weight; nullptr: no
+// token in this column) and the per-128-block scales of the thread's two C columns (s[kb * ld_s]).
+struct TokenOperand {
+  const uint8_t* codes;  // row of token g at offset 8q (32q in act_quant_fp8's mma-packed order)
+  const float* s0;       // scales of column 2q / 2q+1
+  const float* s1;
+  int64_t ld_s;
+};
+
+// Block kb of the token operand in the mma-packed order (the thread's 32 codes adjacent).
+template <int NM>
+__device__ __forceinline__ void load_packed_tokens(const TokenOperand& x, int64_t kb, BlockOperands<NM>& o) {
+  uint4 lo = make_uint4(0u, 0u, 0u, 0u), hi = lo;
+  if (x.codes) {
+    lo = __ldg(reinterpret_cast<const uint4*>(x.codes + kb * 128));
+    hi = __ldg(reinterpret_cast<const uint4*>(x.codes + kb * 128 + 16));
+  }
+  o.xc[0] = make_uint2(lo.x, lo.y), o.xc[1] = make_uint2(lo.z, lo.w);
+  o.xc[2] = make_uint2(hi.x, hi.y), o.xc[3] = make_uint2(hi.z, hi.w);
+  o.x0 = __ldg(x.s0 + kb * x.ld_s), o.x1 = __ldg(x.s1 + kb * x.ld_s);
+}
+
 template <int NM>
 __device__ __forceinline__ void block_product(const BlockOperands<NM>& o, float (&acc)[NM][4]) {
   uint32_t xe[4], xo[4];

@@ -186,8 +186,9 @@ TEST(CudaMoe, PackedExpertsMatchStoredLayout) {
     for (Run& r : runs) r.stored = run(r);
     ASSERT_TRUE(runner.pack_for_tensor_cores(ex.dev, nullptr));
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    // Every kernel variant (row blocks per CTA, CTAs per SM, 8- or 64-token tiles) sums in the
-    // same order: same bits.
+    runner.set_poison_scratch(true);  // H and Y NaN before each run: every element must be written again
+    // Every kernel variant (row blocks per CTA, CTAs per SM, 8- or 64-token tiles, persistent
+    // streaming CTAs with 2-4 stages) sums in the same order: same bits.
     auto expect_stored_bits = [&](const char* variant) {
       for (const Run& r : runs) {
         const std::vector<float> packed = run(r);
@@ -199,11 +200,22 @@ TEST(CudaMoe, PackedExpertsMatchStoredLayout) {
       }
     };
     cuda::set_moe_wide_tiles(-1);
+    cuda::set_moe_stream_stages(-1);
     for (auto [rb, occ] : {std::pair{0, 2}, {1, 2}, {2, 2}, {4, 2}, {0, 3}, {1, 3}, {4, 3}}) {
       cuda::set_moe_mma_variant(rb, occ);
       expect_stored_bits(("rb=" + std::to_string(rb) + " occ=" + std::to_string(occ)).c_str());
     }
     cuda::set_moe_mma_variant(0, 3);
+    // d = 256: 2 128-blocks, so six of the eight K slices are empty; R = 300: many tiles per
+    // expert, so every CTA takes several items and its stages run across item boundaries.
+    for (int stages : {2, 3, 4})
+      for (int rb : {1, 2}) {
+        cuda::set_moe_stream_stages(stages);
+        cuda::set_moe_stream_row_blocks(rb);
+        expect_stored_bits(("stream stages=" + std::to_string(stages) + " rb=" + std::to_string(rb)).c_str());
+      }
+    cuda::set_moe_stream_stages(0);
+    cuda::set_moe_stream_row_blocks(0);
     cuda::set_moe_wide_tiles(1);
     expect_stored_bits("64-token tiles");
     cuda::set_moe_wide_tiles(0);
@@ -218,6 +230,51 @@ TEST(CudaMoe, PackedExpertsMatchStoredLayout) {
   const Experts fp8 = make_experts(Kind::FP8, 4, 256, 128);
   cuda::MoeRunner runner;
   EXPECT_FALSE(runner.pack_for_tensor_cores(fp8.dev, nullptr));
+}
+
+// E8M0 bytes 0x00 (2^-127) and 0xFF (NaN) take the exact decode of the tensor-core kernels (the
+// cheap one moves the byte into the exponent field: 0 and +inf). A NaN group scale in one W2 row
+// makes that output channel NaN for every token that routes to the expert (+inf would survive
+// as ±inf); every other channel matches the CPU.
+TEST(CudaMoe, SpecialScaleBytesDecodeExactly) {
+  DSV4_REQUIRE_GPU();
+  const int64_t d = 256, I = 128, K = 2, R = 3, nan_row = 37;
+  Experts ex = make_experts(Kind::FP4, 2, d, I);
+  auto poke = [](TestWeight& w, size_t i, uint8_t b) {
+    w.scale[i] = b;
+    ASSERT_EQ(cudaMemcpy(w.d_scale.as<uint8_t>() + i, &b, 1, cudaMemcpyHostToDevice), cudaSuccess);
+  };
+  poke(ex.w2[1], static_cast<size_t>(nan_row * (I / 32) + 1), 0xFF);
+  poke(ex.w1[0], static_cast<size_t>(5 * (d / 32) + 2), 0x00);
+  poke(ex.w3[1], static_cast<size_t>(70 * (d / 32)), 0x00);
+  const std::vector<float> x = randn(static_cast<size_t>(R * d), 0.5f);
+  const std::vector<int32_t> experts = {0, 1, 1, 0, 0, 1};
+  const std::vector<float> weights = {0.5f, 0.7f, 1.1f, 0.2f, 0.9f, 0.4f};
+  std::vector<float> ref(static_cast<size_t>(R * d), 0.f);
+  cpu_moe(ex, x, R, experts, weights, K, 10.f, true, ref);
+  cuda::MoeRunner runner;
+  ASSERT_TRUE(runner.pack_for_tensor_cores(ex.dev, nullptr));
+  cuda::DeviceBuffer dx = cuda::to_device(x), de = cuda::to_device(experts), dw = cuda::to_device(weights);
+  cuda::DeviceBuffer dout(static_cast<size_t>(R * d) * 4);
+  dout.fill_bytes(0);
+  runner.run(ex.dev, dx.as<float>(), R, de.as<int32_t>(), dw.as<float>(), K, 10.f, dout.as<float>(),
+             cuda::Precision::Fast, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<float> got = cuda::to_host<float>(dout, static_cast<size_t>(R * d));
+  std::vector<float> g, r;
+  for (int64_t t = 0; t < R; ++t)
+    for (int64_t c = 0; c < d; ++c) {
+      const size_t i = static_cast<size_t>(t * d + c);
+      if (c == nan_row) {
+        EXPECT_TRUE(std::isnan(ref[i])) << "token " << t;  // the CPU twin decodes 0xFF as NaN
+        EXPECT_TRUE(std::isnan(got[i])) << "token " << t << ": " << got[i];
+        continue;
+      }
+      ASSERT_TRUE(std::isfinite(got[i])) << "token " << t << " channel " << c;
+      g.push_back(got[i]);
+      r.push_back(ref[i]);
+    }
+  EXPECT_LE(rel_error(g, r), 1e-2);
 }
 
 // 64-token tiles on wgmma (bf16 operands: the FP4 weights with their scales, the FP8-quantised
