@@ -102,7 +102,9 @@ __device__ __forceinline__ void block_product(const BlockOperands<NM>& o, float 
   uint32_t special = 0;
 #pragma unroll
   for (int m = 0; m < NM; ++m) special |= e8m0_special_bytes(o.ea[m]) | e8m0_special_bytes(o.eb[m]);
-  if (__builtin_expect(special == 0, 1))
+  // The choice must be the warp's (mma.sync is warp-wide: lanes that split between the two
+  // bodies hung the kernel on a 0x00 scale byte in some lanes' rows).
+  if (__builtin_expect(!__any_sync(0xFFFFFFFFu, special != 0), 1))
     block_product_as<NM, true>(o, xe, xo, acc);
   else
     block_product_as<NM, false>(o, xe, xo, acc);
