@@ -25,7 +25,8 @@ struct ExpertSet {
 // warps). Every variant computes the same bits.
 void set_moe_mma_variant(int row_blocks, int ctas_per_sm);
 // Kernels of the 8-token tiles on packed experts: -1 = one CTA per tile and row group (moe_mma.cu),
-// 0 = the default, 2 / 3 / 4 = persistent CTAs streaming the weights through that many
+// 0 = the default (those, kMoeStreamDefaultStages = 0: the streaming form measured no faster,
+// bench/NOTES.md step 8), 2 / 3 / 4 = persistent CTAs streaming the weights through that many
 // shared-memory stages (moe_mma_stream.cu). Same bits. DSV4_MOE_STREAM sets the starting value.
 void set_moe_stream_stages(int stages);
 // 16-row blocks per work item of the streaming kernels: 0 = the default (1), 1 or 2.

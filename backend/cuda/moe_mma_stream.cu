@@ -8,6 +8,8 @@
 // no CTA pays a launch ramp per item.
 // Same warp / K-slice / row-block mapping and the same block product (moe_mma_block.cuh) as the
 // per-tile kernels, partials reduced in warp order: the same bits.
+// Measured (bench/NOTES.md step 8): no faster than the per-tile kernels, so it is opt-in
+// (set_moe_stream_stages, DSV4_MOE_STREAM): the weight loads were not what bounds these kernels.
 #include <algorithm>
 #include <cstdlib>
 
