@@ -75,17 +75,24 @@ int run_bench(const BenchOptions& opt) {
 
   // Bytes a decode step must read: every non-routed weight, the routed experts the batch touches
   // (expected distinct count under uniform routing), the head, and each sequence's cache.
+  // FLOPs per token (params): 2 per weight element touched (routed: K experts); the head's own are
+  // added for decode (every decode token runs it), not for prefill (its last token only).
+  const double E = double(cfg.n_routed_experts), K = double(cfg.num_experts_per_tok);
   size_t dense = view_bytes(w.head) + size_t(cfg.hidden_size) * 2, expert = 0;
+  double params = 0;
   for (const LayerWeights& L : w.layers) {
     const AttentionWeights& A = L.attn;
     for (const WeightView* v : {&A.wq_a, &A.wq_b, &A.wkv, &A.wo_a, &A.wo_b, &A.compressor.wkv, &A.compressor.wgate,
                                 &A.indexer.wq_b, &A.indexer.weights_proj, &A.indexer.compressor.wkv,
                                 &A.indexer.compressor.wgate, &L.ffn.gate, &L.ffn.shared.w1, &L.ffn.shared.w2,
-                                &L.ffn.shared.w3})
+                                &L.ffn.shared.w3}) {
       dense += view_bytes(*v);
+      params += double(v->out) * double(v->in);
+    }
     expert = view_bytes(L.ffn.experts[0].w1) * 3;
+    params += K * 3.0 * double(cfg.moe_intermediate_size) * double(cfg.hidden_size);
   }
-  const double E = double(cfg.n_routed_experts), K = double(cfg.num_experts_per_tok);
+  constexpr double kFp8Rate = 1.0e15;  // FLOP/s: the FP8 floor of prefill and of large decode batches
 
   std::mt19937 rng(opt.seed);
   std::uniform_int_distribution<int32_t> tok(2, static_cast<int32_t>(cfg.vocab_size) - 1);
@@ -94,20 +101,6 @@ int run_bench(const BenchOptions& opt) {
     for (auto& t : v) t = tok(rng);
     return v;
   };
-
-  // FLOPs per token: 2 per weight element touched (routed: K experts); the head's own are added
-  // for decode (every decode token runs it), not for prefill (its last token only).
-  double params = 0;
-  for (const LayerWeights& L : w.layers) {
-    const AttentionWeights& A = L.attn;
-    for (const WeightView* v : {&A.wq_a, &A.wq_b, &A.wkv, &A.wo_a, &A.wo_b, &A.compressor.wkv, &A.compressor.wgate,
-                                &A.indexer.wq_b, &A.indexer.weights_proj, &A.indexer.compressor.wkv,
-                                &A.indexer.compressor.wgate, &L.ffn.gate, &L.ffn.shared.w1, &L.ffn.shared.w2,
-                                &L.ffn.shared.w3})
-      params += double(v->out) * double(v->in);
-    params += K * 3.0 * double(cfg.moe_intermediate_size) * double(cfg.hidden_size);
-  }
-  constexpr double kFp8Rate = 1.0e15;  // FLOP/s: the FP8 floor of prefill and of large decode batches
 
   // ---- prefill
   {

@@ -141,14 +141,7 @@ __global__ void __launch_bounds__(kSplitWarps * 32, MINB)
   if (warp >= RB) return;
   float acc[2][4];
   sum_partials<2, RB>(red, warp, acc);
-  const int64_t row = r0 + 16 * warp + g;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int col = 2 * q + (i & 1);
-    if (col < t.count)
-      H[static_cast<int64_t>(t.start + col) * I + row + (i >= 2 ? 8 : 0)] =
-          swiglu_clamped(acc[0][i] * kE2m1E4m3Unscale, acc[1][i] * kE2m1E4m3Unscale, limit);
-  }
+  store_swiglu(H, I, t.start, t.count, r0 + 16 * warp + g, q, acc, limit);
 }
 
 template <int RB, bool PACKED, int MINB>

@@ -9,6 +9,7 @@
 
 #include "backend/cuda/linear_kernels.cuh"
 #include "backend/cuda/mma_e4m3.cuh"
+#include "backend/cuda/moe_tiles.cuh"
 
 namespace dsv4::cuda::detail {
 
@@ -92,6 +93,19 @@ __device__ __forceinline__ void load_packed_tokens(const TokenOperand& x, int64_
   o.xc[0] = make_uint2(lo.x, lo.y), o.xc[1] = make_uint2(lo.z, lo.w);
   o.xc[2] = make_uint2(hi.x, hi.y), o.xc[3] = make_uint2(hi.z, hi.w);
   o.x0 = __ldg(x.s0 + kb * x.ld_s), o.x1 = __ldg(x.s1 + kb * x.ld_s);
+}
+
+// The gate/up epilogue of the 8-token kernels: H[slot, row (+8)] = swiglu(W1 x, W3 x) for the
+// thread's C columns 2q / 2q+1 that hold a token of the tile (slots start..start+count).
+__device__ __forceinline__ void store_swiglu(float* H, int64_t I, int start, int count, int64_t row, int q,
+                                             const float (&acc)[2][4], float limit) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int col = 2 * q + (i & 1);
+    if (col < count)
+      H[static_cast<int64_t>(start + col) * I + row + (i >= 2 ? 8 : 0)] =
+          swiglu_clamped(acc[0][i] * kE2m1E4m3Unscale, acc[1][i] * kE2m1E4m3Unscale, limit);
+  }
 }
 
 template <int NM>

@@ -65,13 +65,7 @@ struct GateUpOp {
     return {r.g >= 0 ? xq + r.g * d + 32 * q : nullptr, xs + r.c0, xs + r.c1, ldxs};
   }
   __device__ void store(const MoeTile& t, int64_t row, int q, const float (&acc)[NM][4]) const {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int col = 2 * q + (i & 1);
-      if (col < t.count)
-        H[static_cast<int64_t>(t.start + col) * I + row + (i >= 2 ? 8 : 0)] =
-            swiglu_clamped(acc[0][i] * kE2m1E4m3Unscale, acc[1][i] * kE2m1E4m3Unscale, limit);
-    }
+    store_swiglu(H, I, t.start, t.count, row, q, acc, limit);
   }
 };
 
