@@ -185,7 +185,7 @@ __global__ void __launch_bounds__(kAThreads, 2)  // 2 blocks per SM (the shared 
 // (empty ones wrote m = -inf): the loop then loads only those, unrolled and in flight together
 // (a per-split weight test before each load serialised them: +18% at 64 rows).
 constexpr int kMergeCols = 128;
-template <int MAXS>
+template <int MAXS, int CPT>
 __global__ void __launch_bounds__(kMergeCols)
     attention_merge_kernel(const float* partial, const float2* ml, int64_t H, int64_t D, int nsplit, const float* sink,
                            float* o) {
@@ -212,22 +212,36 @@ __global__ void __launch_bounds__(kMergeCols)
     }
   }
   __syncthreads();
-  const int64_t c = static_cast<int64_t>(blockIdx.y) * kMergeCols + threadIdx.x;
-  if (c >= D) return;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.y) * kMergeCols * CPT + threadIdx.x;
   const int nl = n_live;
-  const float* base = partial + rh * nsplit * D + c;
-  float v = 0.f;
+  const float* base = partial + rh * nsplit * D;
+  float v[CPT] = {};
 #pragma unroll
   for (int s = 0; s < MAXS; ++s)
-    if (s < nl) v += wgt[s] * base[live_split[s] * D];
-  o[rh * D + c] = v * inv_den;
+    if (s < nl)
+#pragma unroll
+      for (int j = 0; j < CPT; ++j)
+        if (c0 + j * kMergeCols < D) v[j] += wgt[s] * base[live_split[s] * D + c0 + j * kMergeCols];
+#pragma unroll
+  for (int j = 0; j < CPT; ++j)
+    if (c0 + j * kMergeCols < D) o[rh * D + c0 + j * kMergeCols] = v[j] * inv_den;
 }
+
+// Columns per thread: one at small batches (a decode row's 64 heads need the column blocks to
+// fill the GPU), four from kMergeWideRows rows, where (row x head) blocks alone are enough and
+// 4x as many blocks each re-deriving the split weights cost +8 us per layer at 64 rows.
+constexpr int64_t kMergeWideRows = 16;
 
 template <int MAXS>
 void merge(const float* partial, const float2* ml, int64_t R, int64_t H, int64_t D, int nsplit, const float* sink,
            float* o, cudaStream_t s) {
-  const dim3 grid(static_cast<unsigned>(R * H), static_cast<unsigned>(ceil_div(D, int64_t(kMergeCols))));
-  attention_merge_kernel<MAXS><<<grid, kMergeCols, 0, s>>>(partial, ml, H, D, nsplit, sink, o);
+  const bool wide = R >= kMergeWideRows;
+  const int64_t cols = kMergeCols * (wide ? 4 : 1);
+  const dim3 grid(static_cast<unsigned>(R * H), static_cast<unsigned>(ceil_div(D, cols)));
+  if (wide)
+    attention_merge_kernel<MAXS, 4><<<grid, kMergeCols, 0, s>>>(partial, ml, H, D, nsplit, sink, o);
+  else
+    attention_merge_kernel<MAXS, 1><<<grid, kMergeCols, 0, s>>>(partial, ml, H, D, nsplit, sink, o);
   DSV4_CUDA_LAUNCH_CHECK();
 }
 
@@ -262,17 +276,18 @@ void sparse_attention(const float* q, const AttnRow* rows, int64_t R, int64_t H,
   const size_t smem = AttnSmem(D).total * sizeof(float);
   DSV4_CUDA_CHECK(cudaFuncSetAttribute(attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        static_cast<int>(smem)));
-  const dim3 grid(static_cast<unsigned>(groups), static_cast<unsigned>(R), static_cast<unsigned>(nsplit));
-  if (nsplit == 1) {
-    attention_kernel<<<grid, kAThreads, smem, s>>>(q, rows, H, D, W, sink, scale, o, 1, nullptr, nullptr);
-    DSV4_CUDA_LAUNCH_CHECK();
-    return;
-  }
   // Stream-ordered scratch: no host sync, capturable into a CUDA graph.
-  float* partial = async_scratch_of<float>(R * H * nsplit * D, s);
-  float2* ml = async_scratch_of<float2>(R * H * nsplit, s);
-  attention_kernel<<<grid, kAThreads, smem, s>>>(q, rows, H, D, W, sink, scale, o, nsplit, partial, ml);
-  DSV4_CUDA_LAUNCH_CHECK();
+  float* partial = nsplit > 1 ? async_scratch_of<float>(R * H * nsplit * D, s) : nullptr;
+  float2* ml = nsplit > 1 ? async_scratch_of<float2>(R * H * nsplit, s) : nullptr;
+  detail::for_row_ranges(R, [&](int64_t r0, int64_t n) {
+    const dim3 grid(static_cast<unsigned>(groups), static_cast<unsigned>(n), static_cast<unsigned>(nsplit));
+    const int64_t slots = r0 * H * nsplit;
+    attention_kernel<<<grid, kAThreads, smem, s>>>(q + r0 * H * D, rows + r0, H, D, W, sink, scale, o + r0 * H * D,
+                                                   nsplit, partial ? partial + slots * D : nullptr,
+                                                   ml ? ml + slots : nullptr);
+    DSV4_CUDA_LAUNCH_CHECK();
+  });
+  if (nsplit == 1) return;
   merge<kMaxSplit>(partial, ml, R, H, D, nsplit, sink, o, s);
   async_release(partial, s);
   async_release(ml, s);

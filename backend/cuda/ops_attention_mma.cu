@@ -312,9 +312,14 @@ void attention_mma(const float* q, const AttnRow* rows, int64_t R, int64_t H, in
   const size_t smem = sizeof(Smem);
   DSV4_CUDA_CHECK(cudaFuncSetAttribute(attention_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        static_cast<int>(smem)));
-  const dim3 grid(static_cast<unsigned>(H / kH), static_cast<unsigned>(R), static_cast<unsigned>(nsplit));
-  attention_mma_kernel<<<grid, kThreads, smem, s>>>(q, rows, H, W, sink, scale, nsplit, o, partial, ml);
-  DSV4_CUDA_LAUNCH_CHECK();
+  for_row_ranges(R, [&](int64_t r0, int64_t n) {
+    const dim3 grid(static_cast<unsigned>(H / kH), static_cast<unsigned>(n), static_cast<unsigned>(nsplit));
+    const int64_t slots = r0 * H * nsplit;  // partial / ml slots of the rows before r0
+    attention_mma_kernel<<<grid, kThreads, smem, s>>>(q + r0 * H * kD, rows + r0, H, W, sink, scale, nsplit,
+                                                      o + r0 * H * kD, partial ? partial + slots * kD : nullptr,
+                                                      ml ? ml + slots : nullptr);
+    DSV4_CUDA_LAUNCH_CHECK();
+  });
 }
 
 }  // namespace dsv4::cuda::detail

@@ -9,6 +9,16 @@ namespace dsv4::cuda::detail {
 
 constexpr unsigned kFull = 0xffffffffu;
 
+// A grid holds at most 65535 blocks in y and z: an op whose grid puts rows there (attention,
+// indexer, hc_post) runs over row ranges of at most this many (a 65536-token prefill, or the
+// context fill of 256 sequences x 512 tokens, is one call).
+constexpr int64_t kMaxGridRows = 65535;
+// f(r0, n) for consecutive row ranges [r0, r0 + n) covering [0, R), n <= kMaxGridRows.
+template <typename F>
+void for_row_ranges(int64_t R, F&& f) {
+  for (int64_t r0 = 0; r0 < R; r0 += kMaxGridRows) f(r0, R - r0 < kMaxGridRows ? R - r0 : kMaxGridRows);
+}
+
 template <typename T>
 __device__ __forceinline__ T warp_sum(T v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);

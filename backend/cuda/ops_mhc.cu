@@ -343,12 +343,13 @@ void hc_post(const float* post, const float* comb, const float* F, float* X, int
   DSV4_CHECK(d % 4 == 0 && n >= 1 && n <= 8, "cuda::hc_post: needs d % 4 == 0 and n <= 8");
   if (R == 0) return;
   const int64_t d4 = d / 4;
-  const dim3 grid(static_cast<unsigned>(ceil_div(d4, 256)), static_cast<unsigned>(R));
-  if (n <= 4)
-    hc_post_kernel<4><<<grid, 256, 0, s>>>(post, comb, F, F2, X, static_cast<int>(n), d4);
-  else
-    hc_post_kernel<8><<<grid, 256, 0, s>>>(post, comb, F, F2, X, static_cast<int>(n), d4);
-  DSV4_CUDA_LAUNCH_CHECK();
+  detail::for_row_ranges(R, [&](int64_t r0, int64_t rows) {
+    const dim3 grid(static_cast<unsigned>(ceil_div(d4, 256)), static_cast<unsigned>(rows));
+    const float* f2 = F2 ? F2 + r0 * d : nullptr;
+    auto* kernel = n <= 4 ? hc_post_kernel<4> : hc_post_kernel<8>;
+    kernel<<<grid, 256, 0, s>>>(post + r0 * n, comb + r0 * n * n, F + r0 * d, f2, X + r0 * n * d, static_cast<int>(n), d4);
+    DSV4_CUDA_LAUNCH_CHECK();
+  });
 }
 
 void hc_head(const HcParams& p, const float* X, int64_t R, int64_t n, int64_t d, float hc_eps, float rms_eps, float* h,

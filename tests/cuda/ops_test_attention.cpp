@@ -113,6 +113,23 @@ TEST(CudaOpsAttention, FastFallsBackToFp32ForOtherShapes) {
   run_case(Kind::CSA, 6, 9, 4, 128, 8, 5, 4, Path::FastFallback);
   run_case(Kind::HCA, 5, 300, 64, 256, 128, 40, 0, Path::FastFallback);
 }
+// Batches of >= 16 rows merge their splits four columns per thread (ops_attention.cu): split
+// fp32 calls at 20 / 16 rows (D 512, and D 256 where a block's columns pass the row end) and a
+// split tensor-core call at 24 rows.
+TEST(CudaOpsAttention, WideMergeAtBatchSizes) {
+  DSV4_REQUIRE_GPU();
+  run_case(Kind::CSA, 20, 900, 64, 512, 128, 1000, 512);
+  run_case(Kind::HCA, 16, 300, 64, 256, 128, 40, 0);
+  run_case(Kind::CSA, 24, 900, 64, 512, 128, 1000, 512, Path::FastMma);
+}
+// More rows than one grid dimension holds (65535): the kernels run over row ranges (a 65536-token
+// prefill, or the context fill of 256 sequences of 512 tokens, is one call). Small heads keep the
+// CPU reference cheap; fp32 kernel, and Fast on the same shape (its fp32 fallback).
+TEST(CudaOpsAttention, RowsBeyondOneGridDimension) {
+  DSV4_REQUIRE_GPU();
+  run_case(Kind::SWA, 65536 + 5, 3, 8, 16, 4, 0, 0);
+  run_case(Kind::CSA, 65536 + 70, 20, 4, 16, 4, 9, 3, Path::FastFallback);
+}
 TEST(CudaOpsAttention, TinyModelShapes) {
   DSV4_REQUIRE_GPU();
   run_case(Kind::CSA, 6, 9, 4, 128, 8, 5, 4);  // H < 8 heads per block, D 128

@@ -173,13 +173,15 @@ TEST_P(CudaOpsMhc, HcHeadMatchesCpu) {
 // Decode-sized (split-K over many slices; up to 4 rows the one-launch form, d 7168 as V4-Pro), a
 // ragged row tile, prefill-sized (the tiled projection
 // from 256 rows: a ragged last row block; 1000 rows at d 512, where the stash row bounds the
-// slice count; exactly two blocks), and the tiny model.
+// slice count; exactly two blocks), the tiny model, and more rows than one grid dimension holds
+// (65535: hc_post runs over row ranges).
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaOpsMhc,
                          ::testing::Values(std::pair<int64_t, int64_t>{1, 4096}, std::pair<int64_t, int64_t>{3, 4096},
                                            std::pair<int64_t, int64_t>{4, 4096}, std::pair<int64_t, int64_t>{2, 7168},
                                            std::pair<int64_t, int64_t>{1, 256}, std::pair<int64_t, int64_t>{7, 4096},
                                            std::pair<int64_t, int64_t>{300, 4096}, std::pair<int64_t, int64_t>{1000, 512},
-                                           std::pair<int64_t, int64_t>{256, 1024}, std::pair<int64_t, int64_t>{5, 256}));
+                                           std::pair<int64_t, int64_t>{256, 1024}, std::pair<int64_t, int64_t>{5, 256},
+                                           std::pair<int64_t, int64_t>{65540, 256}));
 
 }  // namespace
 }  // namespace dsv4
