@@ -9,6 +9,8 @@
 // one group, whose scale is applied to the fresh accumulator.
 #include <cuda_fp8.h>
 
+#include <cstdlib>
+
 #include "backend/cuda/check.h"
 #include "backend/cuda/moe.h"
 #include "backend/cuda/moe_mma_block.cuh"
@@ -218,7 +220,13 @@ bool mma_experts_ok(const DevWeight* host_tab, int n, int64_t d, int64_t I) {
 
 namespace {
 
-int g_row_blocks = 0;  // 0: the default (row_blocks_for); set by set_moe_mma_variant
+// 0: the default (row_blocks_for); set by set_moe_mma_variant, starting from DSV4_MOE_ROW_BLOCKS
+// (1 / 2 / 4: A/B runs of whole models, e.g. the H100 favoured 1 where the H200 sweep chose 2).
+int g_row_blocks = [] {
+  const char* env = std::getenv("DSV4_MOE_ROW_BLOCKS");
+  const int rb = env ? std::atoi(env) : 0;
+  return rb == 1 || rb == 2 || rb == 4 ? rb : 0;
+}();
 int g_occupancy = 3;   // CTAs per SM the packed kernels are built for (2 or 3)
 
 // 2 row blocks per CTA where they divide the rows, 3 CTAs per SM: in bench_linear (runs 2 and 3
