@@ -14,10 +14,13 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/async_scratch.h"
 #include "backend/cuda/check.h"
 #include "backend/cuda/ops_mhc_decode.h"
 #include "backend/cuda/device.h"
 #include "backend/cuda/ops.h"
+#include "backend/cuda/ops_indexer_mma.h"
+#include "backend/cuda/ops_indexer_select.h"
 
 using namespace dsv4;
 using namespace dsv4::cuda;
@@ -46,8 +49,17 @@ DeviceBuffer floats(size_t n, float std = 1.0f) {
   return b;
 }
 
+// n fp32 values rounded to bf16 (nearest even), as a Fast model's indexer cache stores keys.
+DeviceBuffer bf16_copy(const DeviceBuffer& f32, size_t n) {
+  const std::vector<uint32_t> h = to_host<uint32_t>(f32, n);
+  std::vector<uint16_t> b(n);
+  for (size_t i = 0; i < n; ++i) b[i] = static_cast<uint16_t>((h[i] + 0x7FFFu + ((h[i] >> 16) & 1u)) >> 16);
+  return to_device(b);
+}
+
+// Events on `stream` (the legacy default stream unless given).
 template <class F>
-double median_us(F call) {
+double median_us(F call, cudaStream_t stream = nullptr) {
   cudaEvent_t a, b;
   DSV4_CUDA_CHECK(cudaEventCreate(&a));
   DSV4_CUDA_CHECK(cudaEventCreate(&b));
@@ -55,9 +67,9 @@ double median_us(F call) {
   DSV4_CUDA_CHECK(cudaDeviceSynchronize());
   std::vector<float> t;
   for (int i = 0; i < kReps; ++i) {
-    DSV4_CUDA_CHECK(cudaEventRecord(a));
+    DSV4_CUDA_CHECK(cudaEventRecord(a, stream));
     call();
-    DSV4_CUDA_CHECK(cudaEventRecord(b));
+    DSV4_CUDA_CHECK(cudaEventRecord(b, stream));
     DSV4_CUDA_CHECK(cudaEventSynchronize(b));
     float ms;
     DSV4_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
@@ -207,41 +219,123 @@ void bench_attention() {
   }
 }
 
+// Median of kReps replays of call(stream) captured once into a CUDA graph: the device time of a
+// decode step's op without the host's launch overhead (median_us includes it, ~4 us per launch).
+template <class F>
+double graph_median_us(F call) {
+  cudaStream_t s;
+  DSV4_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  call(s);  // scratch pools warm, attributes set
+  DSV4_CUDA_CHECK(cudaStreamSynchronize(s));
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  DSV4_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  call(s);
+  DSV4_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+  DSV4_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+  const double us = median_us([&] { DSV4_CUDA_CHECK(cudaGraphLaunch(ge, s)); }, s);
+  DSV4_CUDA_CHECK(cudaGraphExecDestroy(ge));
+  DSV4_CUDA_CHECK(cudaGraphDestroy(g));
+  DSV4_CUDA_CHECK(cudaStreamDestroy(s));
+  return us;
+}
+
+// What stream-ordered scratch costs inside a graph (every split attention, indexer and MoE call
+// of a captured decode step allocates some): a 1 MB memset on a fixed buffer, and the same memset
+// on scratch allocated and released around it (graph memory nodes).
+void bench_scratch() {
+  const size_t bytes = size_t(1) << 20;
+  DeviceBuffer fixed(bytes);
+  const double plain =
+      graph_median_us([&](cudaStream_t s) { DSV4_CUDA_CHECK(cudaMemsetAsync(fixed.as<uint8_t>(), 0, bytes, s)); });
+  const double scratch = graph_median_us([&](cudaStream_t s) {
+    void* p = async_scratch(bytes, s);
+    DSV4_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, s));
+    async_release(p, s);
+  });
+  report("memset 1 MB graph", 1, "fixed buffer", plain, 2.0 * bytes, 0.0);
+  report("memset 1 MB graph", 1, "async scratch", scratch, 2.0 * bytes, 0.0);
+}
+
 // The keys of one sequence are shared by all rows. Exact: fp32 SIMT scores (FLOP-bound, 32 FLOP
-// per key byte at 64 heads); fast: bf16 tensor cores, bound by the fp32 key bytes. 262144 entries
-// = a 1M-token context at ratio 4 (the 256k-candidate target).
+// per key byte at 64 heads); fast: bf16 tensor cores, bound by the key bytes — fp32 keys, or bf16
+// as a Fast model's cache stores them. 262144 entries = a 1M-token context at ratio 4 (the
+// issue's 256k-candidate target); at one row that case is also timed as a graph replay and split
+// into its scoring and its selection.
 void bench_indexer() {
   const int64_t nh = 64, hd = 128, topk = 512;
-  for (int64_t n_vis : {16384, 65536, 262144}) {
-    DeviceBuffer keys = floats(n_vis * hd);
-    for (const bool fast : {false, true})
+  struct Variant {
+    const char* name;
+    bool fast;
+    KeyFormat keys;
+  };
+  const Variant variants[] = {{"exact", false, KeyFormat::F32}, {"fast", true, KeyFormat::F32},
+                              {"fast bf16", true, KeyFormat::BF16}};
+  std::vector<int64_t> entries = {16384, 65536, 262144};
+  if (const char* env = std::getenv("BENCH_INDEXER_ENTRIES")) {  // e.g. "262144": one size (profiling runs)
+    entries.clear();
+    std::istringstream in(env);
+    for (int64_t e; in >> e;) entries.push_back(e);
+  }
+  for (int64_t n_vis : entries) {
+    DeviceBuffer keys32 = floats(n_vis * hd), keys16 = bf16_copy(keys32, n_vis * hd);
+    for (const Variant& v : variants)
       for (int64_t R : kRows) {
-        if (R > 64 && (n_vis > 65536 || !fast)) continue;  // seconds per call on the fp32 path
+        if (R > 64 && (n_vis > 65536 || !v.fast)) continue;  // seconds per call on the fp32 path
         DeviceBuffer q = floats(R * nh * hd), om = floats(R * nh, 0.01f), out(R * topk * 4);
-        std::vector<IndexerRow> rows(R, IndexerRow{keys.as<float>(), n_vis});
+        const void* k =
+            v.keys == KeyFormat::BF16 ? static_cast<const void*>(keys16.as<uint8_t>()) : keys32.as<uint8_t>();
+        std::vector<IndexerRow> rows(R, IndexerRow{k, n_vis});
         DeviceBuffer drows = to_device(rows);
-        const double us = median_us([&] {
+        auto call = [&](cudaStream_t s) {
           indexer_topk(q.as<float>(), om.as<float>(), drows.as<IndexerRow>(), R, nh, hd, topk, n_vis,
-                       out.as<int32_t>(), nullptr, fast);
-        });
-        char name[32], shape[64];
-        std::snprintf(name, sizeof name, "indexer_topk %s", fast ? "fast" : "exact");
+                       out.as<int32_t>(), s, v.fast, v.keys);
+        };
+        const double key_bytes = n_vis * hd * (v.keys == KeyFormat::BF16 ? 2.0 : 4.0);
+        const double bytes = key_bytes + R * (nh * hd * 4.0 + n_vis * 4.0 * 2), flops = 2.0 * R * n_vis * nh * hd;
+        char name[48], shape[64];
         std::snprintf(shape, sizeof shape, "%lld entries, top-512", static_cast<long long>(n_vis));
-        report(name, R, shape, us, n_vis * hd * 4.0 + R * (nh * hd * 4.0 + n_vis * 4.0 * 2),
-               2.0 * R * n_vis * nh * hd, fast ? kBf16Flops : kSimtFlops);
+        std::snprintf(name, sizeof name, "indexer_topk %s", v.name);
+        report(name, R, shape, median_us([&] { call(nullptr); }), bytes, flops, v.fast ? kBf16Flops : kSimtFlops);
+        if (n_vis != 262144 || R != 1 || !v.fast) continue;
+        std::snprintf(name, sizeof name, "indexer_topk %s graph", v.name);
+        report(name, R, shape, graph_median_us(call), bytes, flops, kBf16Flops);
+        // The two halves, each as a graph: scores into a buffer, then the top-k over it.
+        DeviceBuffer sc(static_cast<size_t>(R * n_vis) * sizeof(float));
+        std::snprintf(name, sizeof name, "indexer score %s", v.name);
+        report(name, R, shape, graph_median_us([&](cudaStream_t s) {
+                 dsv4::cuda::detail::indexer_score_mma(q.as<float>(), om.as<float>(), drows.as<IndexerRow>(), R, nh, hd, n_vis,
+                                           sc.as<float>(), n_vis, s, v.keys);
+               }),
+               key_bytes + R * (nh * hd * 4.0 + n_vis * 4.0), flops, kBf16Flops);
+        if (v.keys != KeyFormat::BF16) continue;
+        if (dsv4::cuda::detail::indexer_wgmma_ok(nh, hd)) {  // the mma.sync scorer on the same keys
+          dsv4::cuda::detail::set_indexer_wgmma(false);
+          report("indexer score mma.sync", R, shape, graph_median_us([&](cudaStream_t s) {
+                   dsv4::cuda::detail::indexer_score_mma(q.as<float>(), om.as<float>(), drows.as<IndexerRow>(), R, nh,
+                                                         hd, n_vis, sc.as<float>(), n_vis, s, v.keys);
+                 }),
+                 key_bytes + R * (nh * hd * 4.0 + n_vis * 4.0), flops, kBf16Flops);
+          dsv4::cuda::detail::set_indexer_wgmma(true);
+        }
+        report("indexer select", R, shape, graph_median_us([&](cudaStream_t s) {
+                 dsv4::cuda::detail::indexer_select(sc.as<float>(), n_vis, drows.as<IndexerRow>(), R, topk, n_vis,
+                                        out.as<int32_t>(), s);
+               }),
+               R * n_vis * 4.0 * 2, 0.0);
       }
   }
 }
 
 }  // namespace
 
-// Usage: bench_ops [norm|hc|attention|indexer]... (default all).
+// Usage: bench_ops [norm|hc|attention|indexer|scratch]... (default all).
 int main(int argc, char** argv) {
   const std::vector<std::string> parts(argv + 1, argv + argc);
-  const char* known[] = {"norm", "hc", "attention", "indexer"};
+  const char* known[] = {"norm", "hc", "attention", "indexer", "scratch"};
   for (const std::string& p : parts)
     if (std::find(std::begin(known), std::end(known), p) == std::end(known)) {
-      std::fprintf(stderr, "bench_ops: unknown part '%s' (norm | hc | attention | indexer)\n", p.c_str());
+      std::fprintf(stderr, "bench_ops: unknown part '%s' (norm | hc | attention | indexer | scratch)\n", p.c_str());
       return 2;
     }
   if (!available()) {
@@ -253,5 +347,6 @@ int main(int argc, char** argv) {
   if (want("hc")) bench_hc();
   if (want("attention")) bench_attention();
   if (want("indexer")) bench_indexer();
+  if (want("scratch")) bench_scratch();
   return 0;
 }

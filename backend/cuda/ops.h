@@ -74,6 +74,11 @@ void ring_store_jobs(const RingJob* jobs, int64_t n_jobs, int64_t max_rows, cuda
 // z[r, :] += ape[pos[r] % m, :] for rows of `width`.
 void add_ape(float* z, const int64_t* pos, const float* ape, int64_t R, int64_t m, int64_t width, cudaStream_t s);
 
+// How a sequence's indexer keys are stored: fp32 (Exact, and Fast where the tensor-core scorer
+// does not take the shape) or bf16 (Fast: the scorer rounds keys to bf16 anyway, so storing them
+// rounded gives the same scores from half the bytes).
+enum class KeyFormat : uint8_t { F32, BF16 };
+
 // One closing compressor window. A position p's projected row is chunk row (p - chunk_p0) when
 // p >= chunk_p0, else ring row p % ring_rows. Rows hold coff*c values (coff = 2 with overlap).
 struct PoolJob {
@@ -85,18 +90,22 @@ struct PoolJob {
   int64_t ring_rows;
   int64_t w;    // window index: pools positions [w m, (w+1) m) (and [(w-1) m, w m) lo-halves with overlap);
                 // w < 0: padding (no window), the block exits — job counts stay fixed per shape
-  float* out;   // [c]: written as RMSNorm(pooled; gamma) then RoPE at position w*m
+  void* out;    // [c]: written as RMSNorm(pooled; gamma) then RoPE at position w*m, in the call's format
 };
-// jobs: device array of n_jobs PoolJob.
+// jobs: device array of n_jobs PoolJob. out_format BF16: each value rounded to nearest even.
 void compressor_pool(const PoolJob* jobs, int64_t n_jobs, int64_t m, int64_t c, bool overlap, const float* gamma,
-                     float eps, const float* inv_freq, int64_t pairs, cudaStream_t s);
+                     float eps, const float* inv_freq, int64_t pairs, cudaStream_t s,
+                     KeyFormat out_format = KeyFormat::F32);
 
 // ---- indexer (model/indexer.cpp is the twin) ------------------------------------------------------
 
 struct IndexerRow {
-  const float* keys;  // [n_visible, hd] indexer keys of this row's sequence
+  const void* keys;   // [n_visible, hd] indexer keys of this row's sequence, in the call's KeyFormat
   int64_t n_visible;  // floor((pos+1)/4)
 };
+// Whether Fast scoring takes bf16 keys at this shape (the tensor-core scorer: heads a multiple
+// of 8 up to 64, head dim a multiple of 32 up to 128).
+bool indexer_bf16_keys_ok(int64_t nh, int64_t hd);
 // q [R, nh, hd], omega [R, nh] (already scaled); score(s) = Σ_h omega_h ReLU(q_h · K_s).
 // out [R, topk]: indices of the top min(topk, n_visible) scores (descending, ties → lower
 // index), remaining slots -1.
@@ -105,10 +114,11 @@ void indexer_topk(const float* q, const float* omega, const IndexerRow* rows, in
 // Same, given an upper bound of n_visible over the rows (sizes the stream-ordered score
 // scratch): no host sync, CUDA-graph capturable. The form above reads `rows` back to find it.
 // topk <= 2048. fast: scores on bf16 tensor cores (q and keys rounded to bf16, fp32 sums; the
-// official demo's bf16 score einsum) where the shape allows (heads % 8, head dim % 16, <= 64 x
-// 128), else the fp32 twin.
+// official demo's bf16 score einsum) where the shape allows (heads % 8, head dim % 32, <= 64 x
+// 128), else the fp32 twin. keys BF16 needs fast and indexer_bf16_keys_ok.
 void indexer_topk(const float* q, const float* omega, const IndexerRow* rows, int64_t R, int64_t nh, int64_t hd,
-                  int64_t topk, int64_t max_visible, int32_t* out, cudaStream_t s, bool fast = false);
+                  int64_t topk, int64_t max_visible, int32_t* out, cudaStream_t s, bool fast = false,
+                  KeyFormat keys = KeyFormat::F32);
 
 // ---- attention (model/attention.cpp is the twin) -------------------------------------------------
 

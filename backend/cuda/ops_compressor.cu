@@ -2,6 +2,7 @@
 // closing window; a thread per channel runs the softmax-gated pool over the window's rows in
 // the CPU's order (previous window's lo-halves, then this window), then the block applies
 // RMSNorm and RoPE at position w·m to the pooled vector held in shared memory.
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include "backend/cuda/check.h"
@@ -18,7 +19,7 @@ __device__ __forceinline__ int64_t row_offset(const PoolJob& J, int64_t p, int64
 }
 
 __global__ void compressor_pool_kernel(const PoolJob* jobs, int64_t m, int64_t c, bool overlap, const float* gamma,
-                                       float eps, const float* inv_freq, int64_t pairs) {
+                                       float eps, const float* inv_freq, int64_t pairs, bool bf16_out) {
   extern __shared__ float C[];  // [c]
   __shared__ double red[32];
   const PoolJob J = jobs[blockIdx.x];
@@ -60,18 +61,23 @@ __global__ void compressor_pool_kernel(const PoolJob* jobs, int64_t m, int64_t c
     p[1] = a * sn + b * cs;
   }
   __syncthreads();
-  for (int64_t ch = threadIdx.x; ch < c; ch += blockDim.x) J.out[ch] = C[ch];
+  for (int64_t ch = threadIdx.x; ch < c; ch += blockDim.x) {
+    if (bf16_out)
+      static_cast<__nv_bfloat16*>(J.out)[ch] = __float2bfloat16_rn(C[ch]);
+    else
+      static_cast<float*>(J.out)[ch] = C[ch];
+  }
 }
 
 }  // namespace
 
 void compressor_pool(const PoolJob* jobs, int64_t n_jobs, int64_t m, int64_t c, bool overlap, const float* gamma,
-                     float eps, const float* inv_freq, int64_t pairs, cudaStream_t s) {
+                     float eps, const float* inv_freq, int64_t pairs, cudaStream_t s, KeyFormat out_format) {
   DSV4_CHECK(2 * pairs <= c, "cuda::compressor_pool: rope pairs exceed the entry width");
   if (n_jobs == 0) return;
   const int threads = c >= 256 ? 256 : 128;
   compressor_pool_kernel<<<n_jobs, threads, c * sizeof(float), s>>>(jobs, m, c, overlap, gamma, eps, inv_freq,
-                                                                      pairs);
+                                                                      pairs, out_format == KeyFormat::BF16);
   DSV4_CUDA_LAUNCH_CHECK();
 }
 

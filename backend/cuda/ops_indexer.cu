@@ -33,6 +33,7 @@ __global__ void __launch_bounds__(kScoreThreads)
   __shared__ float red[16][kTS];
   const int64_t r = blockIdx.y;
   const IndexerRow row = rows[r];
+  const float* keys = static_cast<const float*>(row.keys);
   const int64_t s0 = blockIdx.x * int64_t(kTS);
   if (s0 >= row.n_visible) return;
   const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;  // keys 4tx.., heads 4ty..
@@ -46,7 +47,7 @@ __global__ void __launch_bounds__(kScoreThreads)
         const int64_t k = k0 + 4 * j;
         float4 qv = make_float4(0.f, 0.f, 0.f, 0.f), kv = qv;
         if (h0 + e < nh && k < hd) qv = *reinterpret_cast<const float4*>(q + (r * nh + h0 + e) * hd + k);
-        if (s0 + e < row.n_visible && k < hd) kv = *reinterpret_cast<const float4*>(row.keys + (s0 + e) * hd + k);
+        if (s0 + e < row.n_visible && k < hd) kv = *reinterpret_cast<const float4*>(keys + (s0 + e) * hd + k);
         Qs[4 * j][e] = qv.x, Qs[4 * j + 1][e] = qv.y, Qs[4 * j + 2][e] = qv.z, Qs[4 * j + 3][e] = qv.w;
         Ks[4 * j][e] = kv.x, Ks[4 * j + 1][e] = kv.y, Ks[4 * j + 2][e] = kv.z, Ks[4 * j + 3][e] = kv.w;
       }
@@ -85,23 +86,36 @@ __global__ void __launch_bounds__(kScoreThreads)
 }  // namespace
 
 void indexer_topk(const float* q, const float* omega, const IndexerRow* rows, int64_t R, int64_t nh, int64_t hd,
-                  int64_t topk, int64_t max_visible, int32_t* out, cudaStream_t s, bool fast) {
+                  int64_t topk, int64_t max_visible, int32_t* out, cudaStream_t s, bool fast, KeyFormat keys) {
   DSV4_CHECK(hd % 4 == 0, "cuda::indexer_topk: head dim must be a multiple of 4");
   DSV4_CHECK(topk >= 1 && topk <= detail::kMaxIndexerTopk, "cuda::indexer_topk: topk must be in [1, ",
              detail::kMaxIndexerTopk, "]");
   DSV4_CHECK(max_visible >= 0 && max_visible < (int64_t(1) << 31), "cuda::indexer_topk: bad max_visible");
+  DSV4_CHECK(keys == KeyFormat::F32 || (fast && detail::indexer_mma_ok(nh, hd)),
+             "cuda::indexer_topk: bf16 keys need Fast precision and the tensor-core scorer's shape (heads a multiple "
+             "of 8 up to 64, head dim a multiple of 32 up to 128); got ", nh, " x ", hd,
+             fast ? "" : " in Exact precision");
   if (R == 0) return;
   const int64_t ld = std::max<int64_t>(max_visible, 1);
   // Stream-ordered scratch: no host sync, and capturable into a CUDA graph.
   float* scores = async_scratch_of<float>(R * ld, s);
+  uint32_t* hist = nullptr;  // built by the Fast scorer for the multi-block select
   if (max_visible > 0 && fast && detail::indexer_mma_ok(nh, hd)) {
-    detail::indexer_score_mma(q, omega, rows, R, nh, hd, max_visible, scores, ld, s);
+    if (max_visible >= detail::kLargeRow) {
+      hist = async_scratch_of<uint32_t>(R * detail::kSelectBins, s);
+      DSV4_CUDA_CHECK(cudaMemsetAsync(hist, 0, R * detail::kSelectBins * sizeof(uint32_t), s));
+    }
+    detail::indexer_score_mma(q, omega, rows, R, nh, hd, max_visible, scores, ld, s, keys, hist);
   } else if (max_visible > 0) {
-    const dim3 grid(static_cast<unsigned>(ceil_div(max_visible, kTS)), static_cast<unsigned>(R));
-    indexer_score_kernel<<<grid, kScoreThreads, 0, s>>>(q, omega, rows, nh, hd, scores, ld);
-    DSV4_CUDA_LAUNCH_CHECK();
+    detail::for_row_ranges(R, [&](int64_t r0, int64_t n) {
+      const dim3 grid(static_cast<unsigned>(ceil_div(max_visible, kTS)), static_cast<unsigned>(n));
+      indexer_score_kernel<<<grid, kScoreThreads, 0, s>>>(q + r0 * nh * hd, omega + r0 * nh, rows + r0, nh, hd,
+                                                          scores + r0 * ld, ld);
+      DSV4_CUDA_LAUNCH_CHECK();
+    });
   }
-  detail::indexer_select(scores, ld, rows, R, topk, max_visible, out, s);
+  detail::indexer_select(scores, ld, rows, R, topk, max_visible, out, s, hist);
+  if (hist) async_release(hist, s);
   async_release(scores, s);
 }
 

@@ -2,28 +2,34 @@
 // bf16 too): score(s) = Σ_h ω_h ReLU(q_h · K_s) with q and the keys rounded to bf16 and fp32
 // accumulation. The fp32 register-tiled kernel (ops_indexer.cu, the Exact twin) ran at ~4
 // TFLOP/s: 65536 entries took ~250 us of a decode step's indexer.
-// A warp scores 16-entry tiles: entries are the M side of mma.m16n8k16 (keys loaded as fp32
-// float4 straight into A fragments), heads the N side (q staged once per CTA in shared memory
-// as bf16), so one key byte is read from DRAM once and every head's score of an entry ends in
-// the registers of one lane quad, where ReLU, ω and the head sum are applied.
+// A warp scores 16-entry tiles: entries are the M side of mma.m16n8k16 (keys loaded straight
+// into A fragments: fp32 rounded in registers, or bf16 pairs as a Fast cache stores them), heads
+// the N side (q staged once per CTA in shared memory as bf16), so one key byte is read from DRAM
+// once and every head's score of an entry ends in the registers of one lane quad, where ReLU, ω
+// and the head sum are applied.
 // Fragment mapping (g = lane / 4, q = lane % 4): rows g, g+8 are entries, column g of B is head
-// 8j + g. Inside the 16-long k step s, logical k (2q, 2q+1, 2q+8, 2q+9) maps to the physical dims
-// 16s + 4q + (0, 1, 2, 3) for A and B alike (the mma does not care which k is which as long as
-// they agree), so a lane's four key values per step are one float4.
+// 8j + g. In the pair of k steps 2p, 2p + 1, logical k (2q, 2q+1, 2q+8, 2q+9) of step 2p + t
+// maps to the physical dims 32p + 8q + 4t + (0, 1, 2, 3) for A and B alike (the mma does not
+// care which k is which as long as they agree): a lane's 8 bf16 keys of a step pair are one
+// 16-byte load, 64 contiguous bytes per row and instruction (8-byte loads of 16s + 4q spread a
+// tile over twice the L1 wavefronts; ncu: L1 70% busy).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+
+#include <algorithm>
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/ops_common.cuh"
 #include "backend/cuda/ops_indexer_mma.h"
+#include "backend/cuda/ops_indexer_select.h"
 
 namespace dsv4::cuda::detail {
 namespace {
 
 constexpr int kWarps = 8;
-constexpr int kTilesPerWarp = 4;                       // 16-entry tiles per warp
-constexpr int kEntriesPerCta = kWarps * kTilesPerWarp * 16;
+constexpr int kCtasPerSm = 2;                          // at 124-128 registers per thread
 constexpr int kMaxSteps = kIndexerMmaMaxDim / 16;      // k steps of 16 dims
+constexpr int kMaxPairs = kMaxSteps / 2;                // pairs of them (one 16-byte bf16 load)
 constexpr int kMaxHeadTiles = kIndexerMmaMaxHeads / 8;  // n tiles of 8 heads
 constexpr int kQPad = 8;                               // bf16 per q row of padding (bank spread)
 
@@ -40,21 +46,97 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-__global__ void __launch_bounds__(kWarps * 32)
+// One lane's key values of a 16-entry tile: per step pair p, the physical dims 32p + 8q .. + 7 of
+// rows g and g + 8, as loaded (fp32: two float4 each, rounded to bf16 pairs at the mma; bf16:
+// the stored pairs, 16 bytes each, the same bits as that rounding).
+template <typename Key>
+struct TileKeys;
+
+template <>
+struct TileKeys<float> {
+  float4 a[kMaxPairs][2], b[kMaxPairs][2];
+  __device__ __forceinline__ void load(const void* keys, int64_t ea, int64_t eb, int64_t n, int hd, int pairs, int qd) {
+    const float* k = static_cast<const float*>(keys);
+    const float* ka = ea < n ? k + ea * hd + 8 * qd : nullptr;
+    const float* kb = eb < n ? k + eb * hd + 8 * qd : nullptr;
+    const float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int p = 0; p < kMaxPairs; ++p)  // the tile's key bytes are in flight together
+#pragma unroll
+      for (int t = 0; t < 2; ++t) {
+        a[p][t] = p < pairs && ka ? __ldg(reinterpret_cast<const float4*>(ka + 32 * p + 4 * t)) : z;
+        b[p][t] = p < pairs && kb ? __ldg(reinterpret_cast<const float4*>(kb + 32 * p + 4 * t)) : z;
+      }
+  }
+  // A fragment registers of step 2p + t: (row g, dims 0-1), (row g+8, 0-1), (row g, 2-3), (row g+8, 2-3).
+  __device__ __forceinline__ void frag(int p, int t, uint32_t& a0, uint32_t& a1, uint32_t& a2, uint32_t& a3) const {
+    a0 = pack_bf16(a[p][t].x, a[p][t].y), a1 = pack_bf16(b[p][t].x, b[p][t].y);
+    a2 = pack_bf16(a[p][t].z, a[p][t].w), a3 = pack_bf16(b[p][t].z, b[p][t].w);
+  }
+};
+
+template <>
+struct TileKeys<__nv_bfloat16> {
+  uint4 a[kMaxPairs], b[kMaxPairs];
+  __device__ __forceinline__ void load(const void* keys, int64_t ea, int64_t eb, int64_t n, int hd, int pairs, int qd) {
+    const __nv_bfloat16* k = static_cast<const __nv_bfloat16*>(keys);
+    const __nv_bfloat16* ka = ea < n ? k + ea * hd + 8 * qd : nullptr;
+    const __nv_bfloat16* kb = eb < n ? k + eb * hd + 8 * qd : nullptr;
+    const uint4 z = make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+    for (int p = 0; p < kMaxPairs; ++p) {
+      a[p] = p < pairs && ka ? __ldg(reinterpret_cast<const uint4*>(ka + 32 * p)) : z;
+      b[p] = p < pairs && kb ? __ldg(reinterpret_cast<const uint4*>(kb + 32 * p)) : z;
+    }
+  }
+  __device__ __forceinline__ void frag(int p, int t, uint32_t& a0, uint32_t& a1, uint32_t& a2, uint32_t& a3) const {
+    a0 = t ? a[p].z : a[p].x, a1 = t ? b[p].z : b[p].x;
+    a2 = t ? a[p].w : a[p].y, a3 = t ? b[p].w : b[p].y;
+  }
+};
+
+// The warps of a row's CTAs take its 16-entry tiles in turn (tile k of warp w of CTA c: k = (c *
+// kWarps + w) + i * gridDim.x * kWarps), so that q is staged once per CTA however long the row
+// (a grid of 512-entry CTAs staged it 512 times at 256k entries: the scores took 47 us where their
+// bytes take 16) and every warp gets within one tile of the same count. bf16 keys hold half the
+// registers of fp32 ones: the next tile's loads are issued before this tile's mmas.
+// hist (optional, [rows, kSelectBins], zeroed): the scores' histogram for the multi-block top-k
+// (ops_indexer_select.h), counted in shared memory and added once per CTA: the selection's own
+// histogram pass re-read the scores (~8 us at 256k entries).
+template <typename Key>
+__global__ void __launch_bounds__(kWarps * 32, kCtasPerSm)
     indexer_score_mma_kernel(const float* __restrict__ q, const float* __restrict__ omega, const IndexerRow* rows,
-                             int nh, int hd, float* __restrict__ scores, int64_t ld) {
+                             int nh, int hd, float* __restrict__ scores, int64_t ld, uint32_t* __restrict__ hist) {
+  constexpr bool kAhead = sizeof(Key) == 2;
+  constexpr int kQLoads = kIndexerMmaMaxHeads * kIndexerMmaMaxDim / 4 / (kWarps * 32);
   __shared__ __align__(16) __nv_bfloat16 Qs[kIndexerMmaMaxHeads][kIndexerMmaMaxDim + kQPad];
+  __shared__ uint32_t bins[kSelectBins];
   const int64_t r = blockIdx.y;
   const IndexerRow row = rows[r];
-  const int64_t base = static_cast<int64_t>(blockIdx.x) * kEntriesPerCta;
-  if (base >= row.n_visible) return;
+  const int64_t n = row.n_visible, stride = static_cast<int64_t>(gridDim.x) * kWarps * 16;
+  if (static_cast<int64_t>(blockIdx.x) * kWarps * 16 >= n) return;  // no tile for this CTA
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, qd = lane & 3;
-  const int steps = hd / 16, head_tiles = nh / 8, hd4 = hd / 4;
-  // q of this row as bf16: all loads first (one float4 per thread per round).
-  for (int i = tid; i < nh * hd4; i += kWarps * 32) {
-    const int h = i / hd4, c = 4 * (i % hd4);
-    const float4 v = __ldg(reinterpret_cast<const float4*>(q + (r * nh + h) * hd + c));
-    *reinterpret_cast<uint2*>(&Qs[h][c]) = make_uint2(pack_bf16(v.x, v.y), pack_bf16(v.z, v.w));
+  const int pairs = hd / 32, head_tiles = nh / 8, hd4 = hd / 4;
+  const int64_t first = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * 16;  // this warp's first tile
+  TileKeys<Key> cur, nxt;
+  if constexpr (kAhead) cur.load(row.keys, first + g, first + g + 8, n, hd, pairs, qd);
+  if (hist)
+    for (int b = tid; b < kSelectBins; b += kWarps * 32) bins[b] = 0;
+  {  // q of this row as bf16: every load in flight before the first store
+    float4 v[kQLoads];
+#pragma unroll
+    for (int j = 0; j < kQLoads; ++j) {
+      const int i = tid + j * kWarps * 32;
+      v[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (i < nh * hd4) v[j] = __ldg(reinterpret_cast<const float4*>(q + r * nh * hd) + i);
+    }
+#pragma unroll
+    for (int j = 0; j < kQLoads; ++j) {
+      const int i = tid + j * kWarps * 32;
+      if (i < nh * hd4)
+        *reinterpret_cast<uint2*>(&Qs[i / hd4][4 * (i % hd4)]) =
+            make_uint2(pack_bf16(v[j].x, v[j].y), pack_bf16(v[j].z, v[j].w));
+    }
   }
   float om[kMaxHeadTiles][2];  // ω of heads 8j + 2qd, 8j + 2qd + 1: the C columns this lane holds
 #pragma unroll
@@ -63,32 +145,30 @@ __global__ void __launch_bounds__(kWarps * 32)
     for (int c = 0; c < 2; ++c) om[j][c] = j < head_tiles ? __ldg(omega + r * nh + 8 * j + 2 * qd + c) : 0.f;
   __syncthreads();
 
-  for (int t = 0; t < kTilesPerWarp; ++t) {
-    const int64_t e0 = base + (static_cast<int64_t>(warp) * kTilesPerWarp + t) * 16;
-    if (e0 >= row.n_visible) break;
+  for (int64_t e0 = first; e0 < n; e0 += stride) {
     const int64_t ea = e0 + g, eb = e0 + g + 8;
-    const float* ka = ea < row.n_visible ? row.keys + ea * hd + 4 * qd : nullptr;
-    const float* kb = eb < row.n_visible ? row.keys + eb * hd + 4 * qd : nullptr;
-    float4 xa[kMaxSteps], xb[kMaxSteps];
-#pragma unroll
-    for (int s = 0; s < kMaxSteps; ++s) {  // the tile's key bytes are in flight together
-      const float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
-      xa[s] = s < steps && ka ? __ldg(reinterpret_cast<const float4*>(ka + 16 * s)) : z;
-      xb[s] = s < steps && kb ? __ldg(reinterpret_cast<const float4*>(kb + 16 * s)) : z;
+    if constexpr (kAhead) {
+      if (e0 + stride < n) nxt.load(row.keys, ea + stride, eb + stride, n, hd, pairs, qd);
+    } else {
+      cur.load(row.keys, ea, eb, n, hd, pairs, qd);
     }
     float c[kMaxHeadTiles][4] = {};
 #pragma unroll
-    for (int s = 0; s < kMaxSteps; ++s) {
-      if (s >= steps) break;
-      const uint32_t a0 = pack_bf16(xa[s].x, xa[s].y), a1 = pack_bf16(xb[s].x, xb[s].y),
-                     a2 = pack_bf16(xa[s].z, xa[s].w), a3 = pack_bf16(xb[s].z, xb[s].w);
+    for (int p = 0; p < kMaxPairs; ++p) {
+      if (p >= pairs) break;
 #pragma unroll
-      for (int j = 0; j < kMaxHeadTiles; ++j) {
-        if (j >= head_tiles) break;
-        const uint2 b = *reinterpret_cast<const uint2*>(&Qs[8 * j + g][16 * s + 4 * qd]);
-        mma_bf16(c[j], a0, a1, a2, a3, b.x, b.y);
+      for (int t = 0; t < 2; ++t) {
+        uint32_t a0, a1, a2, a3;
+        cur.frag(p, t, a0, a1, a2, a3);
+#pragma unroll
+        for (int j = 0; j < kMaxHeadTiles; ++j) {
+          if (j >= head_tiles) break;
+          const uint2 b = *reinterpret_cast<const uint2*>(&Qs[8 * j + g][32 * p + 8 * qd + 4 * t]);
+          mma_bf16(c[j], a0, a1, a2, a3, b.x, b.y);
+        }
       }
     }
+    if constexpr (kAhead) cur = nxt;
     float sa = 0.f, sb = 0.f;  // entries ea, eb: this lane's 2 heads per head tile
 #pragma unroll
     for (int j = 0; j < kMaxHeadTiles; ++j) {
@@ -100,27 +180,49 @@ __global__ void __launch_bounds__(kWarps * 32)
     sb += __shfl_xor_sync(kFull, sb, 1);
     sb += __shfl_xor_sync(kFull, sb, 2);
     if (qd == 0) {
-      if (ka) scores[r * ld + ea] = sa;
-      if (kb) scores[r * ld + eb] = sb;
+      if (ea < n) scores[r * ld + ea] = sa;
+      if (eb < n) scores[r * ld + eb] = sb;
+      if (hist && ea < n) atomicAdd(&bins[float_key(sa) >> kSelectBinShift], 1u);
+      if (hist && eb < n) atomicAdd(&bins[float_key(sb) >> kSelectBinShift], 1u);
     }
   }
+  if (!hist) return;
+  __syncthreads();
+  for (int b = tid; b < kSelectBins; b += kWarps * 32)
+    if (bins[b]) atomicAdd(&hist[r * kSelectBins + b], bins[b]);
 }
 
 }  // namespace
 
 bool indexer_mma_ok(int64_t nh, int64_t hd) {
-  return nh >= 8 && nh % 8 == 0 && nh <= kIndexerMmaMaxHeads && hd >= 16 && hd % 16 == 0 && hd <= kIndexerMmaMaxDim;
+  return nh >= 8 && nh % 8 == 0 && nh <= kIndexerMmaMaxHeads && hd >= 32 && hd % 32 == 0 && hd <= kIndexerMmaMaxDim;
 }
 
 void indexer_score_mma(const float* q, const float* omega, const IndexerRow* rows, int64_t R, int64_t nh, int64_t hd,
-                       int64_t max_visible, float* scores, int64_t ld, cudaStream_t s) {
+                       int64_t max_visible, float* scores, int64_t ld, cudaStream_t s, KeyFormat keys,
+                       uint32_t* hist) {
   DSV4_CHECK(indexer_mma_ok(nh, hd), "indexer_score_mma: needs heads a multiple of 8 (<= ", kIndexerMmaMaxHeads,
-             ") and head dim a multiple of 16 (<= ", kIndexerMmaMaxDim, ")");
+             ") and head dim a multiple of 32 (<= ", kIndexerMmaMaxDim, ")");
   if (R == 0 || max_visible == 0) return;
-  const dim3 grid(static_cast<unsigned>(ceil_div(max_visible, kEntriesPerCta)), static_cast<unsigned>(R));
-  indexer_score_mma_kernel<<<grid, kWarps * 32, 0, s>>>(q, omega, rows, static_cast<int>(nh), static_cast<int>(hd),
-                                                        scores, ld);
-  DSV4_CUDA_LAUNCH_CHECK();
+  if (indexer_wgmma_ok(nh, hd)) return indexer_score_wgmma(q, omega, rows, R, max_visible, scores, ld, s, keys, hist);
+  auto* kernel = keys == KeyFormat::BF16 ? indexer_score_mma_kernel<__nv_bfloat16> : indexer_score_mma_kernel<float>;
+  // CTAs per row: enough for two per SM over the call (the kernel's occupancy), fewer where the
+  // row has fewer tiles than CTAs x warps.
+  const int64_t per_row =
+      std::clamp<int64_t>(ceil_div(kCtasPerSm * sm_count(), R), 1, ceil_div(max_visible, kWarps * 16));
+  for_row_ranges(R, [&](int64_t r0, int64_t n) {
+    const dim3 grid(static_cast<unsigned>(per_row), static_cast<unsigned>(n));
+    kernel<<<grid, kWarps * 32, 0, s>>>(q + r0 * nh * hd, omega + r0 * nh, rows + r0, static_cast<int>(nh),
+                                        static_cast<int>(hd), scores + r0 * ld, ld,
+                                        hist ? hist + r0 * kSelectBins : nullptr);
+    DSV4_CUDA_LAUNCH_CHECK();
+  });
 }
 
 }  // namespace dsv4::cuda::detail
+
+namespace dsv4::cuda {
+
+bool indexer_bf16_keys_ok(int64_t nh, int64_t hd) { return detail::indexer_mma_ok(nh, hd); }
+
+}  // namespace dsv4::cuda

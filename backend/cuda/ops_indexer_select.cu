@@ -25,8 +25,8 @@ namespace dsv4::cuda::detail {
 namespace {
 
 constexpr int kSelThreads = 1024;
-constexpr int kBins = 4096;         // histogram of the keys' top 12 bits
-constexpr int kBinShift = 20;
+constexpr int kBins = kSelectBins;  // histogram of the keys' top 12 bits
+constexpr int kBinShift = kSelectBinShift;
 constexpr int kChunkThreads = 256;
 constexpr int kPerThread = 16;
 constexpr int kChunk = kChunkThreads * kPerThread;  // entries per histogram / compaction block
@@ -189,10 +189,16 @@ __global__ void __launch_bounds__(kChunkThreads)
   const uint32_t kk = static_cast<uint32_t>(std::min<int64_t>(topk, n));
   const uint32_t thr = threshold_bin(hist + r * kBins, kk);
   const int lane = threadIdx.x & 31;
+  uint32_t keys[kPerThread];
+#pragma unroll
+  for (int j = 0; j < kPerThread; ++j) {  // loads first: in flight together (the candidate stores
+    const int64_t i = base + threadIdx.x + j * kChunkThreads;  // below kept each behind the last)
+    keys[j] = i < n ? float_key(__ldg(scores + r * ld + i)) : 0u;
+  }
 #pragma unroll
   for (int j = 0; j < kPerThread; ++j) {
     const int64_t i = base + threadIdx.x + j * kChunkThreads;
-    const uint32_t k = i < n ? float_key(scores[r * ld + i]) : 0u;
+    const uint32_t k = keys[j];
     const bool take = i < n && (k >> kBinShift) >= thr;
     const unsigned ball = __ballot_sync(kFull, take);
     if (!ball) continue;
@@ -201,6 +207,39 @@ __global__ void __launch_bounds__(kChunkThreads)
     first = __shfl_sync(kFull, first, __ffs(ball) - 1);
     const uint32_t slot = first + __popc(ball & ((1u << lane) - 1u));
     if (take && slot < kMaxCand) cand[r * kMaxCand + slot] = pick_key(k, i);
+  }
+}
+
+// Descending bitonic sort of 2 x kSelThreads keys held two per thread (thread t: elements 2t,
+// 2t + 1), written out as picks: exchanges with a partner in the same warp go through shuffles,
+// only the 15 stages whose partner is in another warp through shared memory (a shared-memory
+// network of 1024-2048 keys spent ~60 barriers of 1024 threads: 21 us of the 256k-entry top-k).
+constexpr int kRegSortKeys = 2 * kSelThreads;
+__device__ void sort_desc_in_registers(uint64_t (&v)[2], uint64_t* xchg) {
+  const int t = threadIdx.x;
+  auto keep = [](uint64_t mine, uint64_t other, int e, int j, int k) {
+    const int lower = e < (e ^ j) ? e : (e ^ j);
+    const bool desc = (lower & k) == 0, first = e == lower;  // the lower index takes the max when desc
+    return (desc == first) ? (mine > other ? mine : other) : (mine < other ? mine : other);
+  };
+  for (int k = 2; k <= kRegSortKeys; k <<= 1) {
+    for (int j = k >> 1; j > 0; j >>= 1) {
+      uint64_t p[2];
+      if (j == 1) {
+        p[0] = v[1], p[1] = v[0];
+      } else if ((j >> 1) < 32) {
+#pragma unroll
+        for (int b = 0; b < 2; ++b) p[b] = __shfl_xor_sync(kFull, v[b], j >> 1);
+      } else {
+        xchg[2 * t] = v[0], xchg[2 * t + 1] = v[1];
+        __syncthreads();
+#pragma unroll
+        for (int b = 0; b < 2; ++b) p[b] = xchg[(2 * t + b) ^ j];
+        __syncthreads();
+      }
+#pragma unroll
+      for (int b = 0; b < 2; ++b) v[b] = keep(v[b], p[b], 2 * t + b, j, k);
+    }
   }
 }
 
@@ -215,6 +254,21 @@ __global__ void __launch_bounds__(kSelThreads)
     select_row(scores + r * ld, n, topk, out + r * topk);
     return;
   }
+  if (count <= kRegSortKeys) {  // a few hundred past k: sorted in registers
+    uint64_t v[2];
+#pragma unroll
+    for (int b = 0; b < 2; ++b) {
+      const int64_t i = 2 * threadIdx.x + b;
+      v[b] = i < count ? cand[r * kMaxCand + i] : 0;  // 0 pads sort last
+    }
+    sort_desc_in_registers(v, sc);
+#pragma unroll
+    for (int b = 0; b < 2; ++b) {
+      const int64_t i = 2 * threadIdx.x + b;
+      if (i < topk) out[r * topk + i] = i < kk ? static_cast<int32_t>(~static_cast<uint32_t>(v[b])) : -1;
+    }
+    return;
+  }
   int64_t P = 1;
   while (P < count) P <<= 1;
   for (int64_t i = threadIdx.x; i < P; i += kSelThreads) sc[i] = i < count ? cand[r * kMaxCand + i] : 0;
@@ -226,22 +280,33 @@ __global__ void __launch_bounds__(kSelThreads)
 }  // namespace
 
 void indexer_select(const float* scores, int64_t ld, const IndexerRow* rows, int64_t R, int64_t topk,
-                    int64_t max_visible, int32_t* out, cudaStream_t s) {
+                    int64_t max_visible, int32_t* out, cudaStream_t s, const uint32_t* hist) {
   DSV4_CHECK(topk >= 1 && topk <= kMaxIndexerTopk, "cuda::indexer_topk: topk must be in [1, ", kMaxIndexerTopk, "]");
   if (R == 0) return;
+  if (R > kMaxGridRows) {  // grids hold rows in y
+    for_row_ranges(R, [&](int64_t r0, int64_t n) {
+      indexer_select(scores + r0 * ld, ld, rows + r0, n, topk, max_visible, out + r0 * topk, s,
+                     hist ? hist + r0 * kBins : nullptr);
+    });
+    return;
+  }
   if (max_visible < kLargeRow) {
     select_kernel<<<static_cast<unsigned>(R), kSelThreads, 0, s>>>(scores, ld, rows, topk, out);
     DSV4_CUDA_LAUNCH_CHECK();
     return;
   }
-  const size_t hist_bytes = static_cast<size_t>(R) * (kBins + 1) * sizeof(uint32_t);
-  uint32_t* hist = async_scratch_of<uint32_t>(static_cast<size_t>(R) * (kBins + 1), s);  // [R, kBins] then cnt [R]
+  // [R] candidate counts, then (without a prebuilt one) the [R, kBins] histogram: one memset.
+  const size_t words = static_cast<size_t>(R) * (hist ? 1 : kBins + 1);
+  uint32_t* cnt = async_scratch_of<uint32_t>(words, s);
   uint64_t* cand = async_scratch_of<uint64_t>(static_cast<size_t>(R) * kMaxCand, s);
-  DSV4_CUDA_CHECK(cudaMemsetAsync(hist, 0, hist_bytes, s));
-  uint32_t* cnt = hist + R * kBins;
+  DSV4_CUDA_CHECK(cudaMemsetAsync(cnt, 0, words * sizeof(uint32_t), s));
   const dim3 grid(static_cast<unsigned>(ceil_div(max_visible, kChunk)), static_cast<unsigned>(R));
-  chunk_hist_kernel<<<grid, kChunkThreads, 0, s>>>(scores, ld, rows, hist);
-  DSV4_CUDA_LAUNCH_CHECK();
+  if (!hist) {
+    uint32_t* own = cnt + R;
+    chunk_hist_kernel<<<grid, kChunkThreads, 0, s>>>(scores, ld, rows, own);
+    DSV4_CUDA_LAUNCH_CHECK();
+    hist = own;
+  }
   chunk_compact_kernel<<<grid, kChunkThreads, 0, s>>>(scores, ld, rows, topk, hist, cnt, cand);
   DSV4_CUDA_LAUNCH_CHECK();
   const size_t smem = kMaxCand * sizeof(uint64_t);
@@ -250,7 +315,7 @@ void indexer_select(const float* scores, int64_t ld, const IndexerRow* rows, int
   select_candidates_kernel<<<static_cast<unsigned>(R), kSelThreads, smem, s>>>(scores, ld, rows, topk, cnt, cand, out);
   DSV4_CUDA_LAUNCH_CHECK();
   async_release(cand, s);
-  async_release(hist, s);
+  async_release(cnt, s);
 }
 
 }  // namespace dsv4::cuda::detail

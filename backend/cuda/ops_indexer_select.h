@@ -12,9 +12,15 @@ namespace dsv4::cuda::detail {
 constexpr int kMaxIndexerTopk = 2048;
 // Rows of at least this many entries (max_visible) take the multi-block path.
 constexpr int64_t kLargeRow = 32768;
+// Its histogram: counts of a row's scores by the top 12 bits of their float_key.
+constexpr int kSelectBins = 4096;
+constexpr int kSelectBinShift = 20;
 // out[r, :] = top min(topk, n_visible) indices of scores[r * ld, ...) (descending, ties to the
 // lower index), the rest -1. Stream-ordered scratch only: CUDA-graph capturable.
+// hist: [R, kSelectBins] histogram of the scores already built by the scorer (the Fast scorer
+// fills it in its epilogue, sparing a pass over the scores); nullptr: built here. Used only by
+// the multi-block path (max_visible >= kLargeRow).
 void indexer_select(const float* scores, int64_t ld, const IndexerRow* rows, int64_t R, int64_t topk,
-                    int64_t max_visible, int32_t* out, cudaStream_t s);
+                    int64_t max_visible, int32_t* out, cudaStream_t s, const uint32_t* hist = nullptr);
 
 }  // namespace dsv4::cuda::detail

@@ -49,13 +49,14 @@ namespace {
 // Windows closing inside [p0, p0 + n): w in [p0/m, (p0+n)/m - 1], padded with w = -1 jobs to
 // ceil(n/m), the most a chunk of n rows can close: the job count (and so the blob layout and the
 // launch) depends only on the call's shape, which a captured CUDA graph needs.
+// entries: the closed-entry store, entry_bytes per entry (fp32 entries, fp32 or bf16 indexer keys).
 void add_pool_jobs(std::vector<cuda::PoolJob>& jobs, const CallSegment& s, int64_t m, int64_t width, const float* a,
-                   const float* z, const float* ring_a, const float* ring_z, int64_t ring_rows, float* entries,
-                   int64_t c) {
+                   const float* z, const float* ring_a, const float* ring_z, int64_t ring_rows, void* entries,
+                   int64_t entry_bytes) {
   const int64_t w0 = s.p0 / m, w1 = (s.p0 + s.n) / m;
   for (int64_t w = w0; w < w0 + (s.n + m - 1) / m; ++w)
     jobs.push_back(cuda::PoolJob{a + s.row0 * width, z + s.row0 * width, s.p0, ring_a, ring_z, ring_rows,
-                                 w < w1 ? w : -1, w < w1 ? entries + w * c : nullptr});
+                                 w < w1 ? w : -1, w < w1 ? static_cast<uint8_t*>(entries) + w * entry_bytes : nullptr});
 }
 
 // Grid bound of indexer_topk's scoring: n_visible rounded up, so that decode steps keep one
@@ -76,6 +77,10 @@ CudaModel::CudaModel(const ModelWeights& w, cuda::Precision precision)
   graphs_on_ = !(env && std::string(env) == "0");
   const char* br = std::getenv("DSV4_BRANCHES");
   branches_on_ = !(br && std::string(br) == "0");
+  const char* ik = std::getenv("DSV4_INDEX_KEYS");
+  if (precision_ == cuda::Precision::Fast && !(ik && std::string(ik) == "f32") &&
+      cuda::indexer_bf16_keys_ok(dw_.config.index_n_heads, dw_.config.index_head_dim))
+    index_keys_ = cuda::KeyFormat::BF16;
   // Fast precision reads FP4 experts only through the tensor-core kernels: re-lay them once for
   // 16-byte loads (this model owns the upload; DSV4_MOE_PACK=0 keeps the stored layout).
   const char* pack = std::getenv("DSV4_MOE_PACK");
@@ -270,15 +275,17 @@ CudaModel::LayerDesc CudaModel::describe_layer(const DeviceLayer& L, size_t li, 
     max_n = std::max(max_n, sg.n);
     kr.push_back({a.kv + sg.row0 * D, sg.p0, sg.n, D, st.ring, cfg.sliding_window});
     if (L.kind != AttnKind::SWA) {
-      add_pool_jobs(cj, sg, m, st.cmp_width, a.ca, a.cz, st.cmp_a, st.cmp_z, st.cmp_rows, st.entries, D);
+      add_pool_jobs(cj, sg, m, st.cmp_width, a.ca, a.cz, st.cmp_a, st.cmp_z, st.cmp_rows, st.entries,
+                    D * int64_t(sizeof(float)));
       const int64_t wd = st.cmp_width;
       cr.push_back({a.ca + sg.row0 * wd, sg.p0, sg.n, wd, st.cmp_a, st.cmp_rows});
       cr.push_back({a.cz + sg.row0 * wd, sg.p0, sg.n, wd, st.cmp_z, st.cmp_rows});
       ld.cmp_ring_rows = std::max(ld.cmp_ring_rows, st.cmp_rows);
     }
     if (L.kind == AttnKind::CSA) {
+      DSV4_CHECK(sg.seq->index_keys() == index_keys_, "forward: a sequence made by a model with another indexer key format");
       add_pool_jobs(ij, sg, m, st.idx_width, a.ia, a.iz, st.idx_a, st.idx_z, st.idx_rows, st.idx_keys,
-                    cfg.index_head_dim);
+                    cfg.index_head_dim * (index_keys_ == cuda::KeyFormat::BF16 ? 2 : 4));
       const int64_t wd = st.idx_width;
       ir.push_back({a.ia + sg.row0 * wd, sg.p0, sg.n, wd, st.idx_a, st.idx_rows});
       ir.push_back({a.iz + sg.row0 * wd, sg.p0, sg.n, wd, st.idx_z, st.idx_rows});
@@ -364,7 +371,7 @@ void CudaModel::run_layer(const DeviceLayer& L, size_t li, const float* rope, co
     mark("indexer compressor linears");
     cuda::add_ape(a.iz, a.pos, L.idx_compressor.ape, R, m, width, is);
     cuda::compressor_pool(reinterpret_cast<const cuda::PoolJob*>(at(ld.idx_jobs)), ld.n_idx, m, dI, true,
-                          L.idx_compressor.norm, eps, rope, P, is);
+                          L.idx_compressor.norm, eps, rope, P, is, index_keys_);
     cuda::ring_store_jobs(reinterpret_cast<const cuda::RingJob*>(at(ld.idx_ring)), ld.n_idx_ring, ld.idx_ring_rows, is);
     mark("compressor pool+ring");
     linear_on(is, L.idx_weights_proj, u, R, a.omega);
@@ -381,7 +388,8 @@ void CudaModel::run_layer(const DeviceLayer& L, size_t li, const float* rope, co
     cuda::rope(a.qI, R, nI, dI, rope, P, a.pos, false, is);
     mark("indexer wq_b+rope");
     cuda::indexer_topk(a.qI, a.omega, reinterpret_cast<const cuda::IndexerRow*>(at(ld.idx_rows)), R, nI, dI, topk,
-                       std::max<int64_t>(ld.max_visible, 1), a.sel, is, precision_ == cuda::Precision::Fast);
+                       std::max<int64_t>(ld.max_visible, 1), a.sel, is, precision_ == cuda::Precision::Fast,
+                       index_keys_);
     mark("indexer_topk");
   }
   {  // the current key, after the compressor on its side (attention waits for both)
@@ -536,7 +544,7 @@ DeviceSequence CudaModel::new_mtp_sequence(int64_t capacity) const {
   one.num_layers = 1;
   one.layer_kinds = {AttnKind::SWA};
   one.compress_ratio = {0};
-  return DeviceSequence(one, capacity);
+  return DeviceSequence(one, capacity, index_keys_);
 }
 
 std::vector<float> CudaModel::mtp_forward(std::span<const DeviceMtpChunk> chunks, bool all_logits,

@@ -7,10 +7,12 @@
 
 namespace dsv4 {
 
-DeviceSequence::DeviceSequence(const ModelConfig& cfg, int64_t capacity) : capacity_(capacity) {
+DeviceSequence::DeviceSequence(const ModelConfig& cfg, int64_t capacity, cuda::KeyFormat index_keys)
+    : capacity_(capacity), index_keys_(index_keys) {
   DSV4_CHECK(capacity > 0, "sequence capacity must be positive");
   const int64_t D = cfg.head_dim, W = cfg.sliding_window, dI = cfg.index_head_dim;
-  // Two passes: sizes first, then pointers into one buffer.
+  const int64_t key_bytes = index_keys == cuda::KeyFormat::BF16 ? 2 : 4;
+  // Two passes: sizes first (in floats), then pointers into one buffer.
   std::vector<int64_t> sizes;
   for (int64_t l = 0; l < cfg.num_layers; ++l) {
     const int64_t m = cfg.compress_ratio[l];
@@ -27,10 +29,10 @@ DeviceSequence::DeviceSequence(const ModelConfig& cfg, int64_t capacity) : capac
     sizes.push_back(s.idx_rows * s.idx_width);
     sizes.push_back(s.idx_rows * s.idx_width);
     sizes.push_back(n_entries * D);
-    sizes.push_back(k == AttnKind::CSA ? n_entries * dI : 0);
+    sizes.push_back(k == AttnKind::CSA ? (n_entries * dI * key_bytes + 3) / 4 : 0);
     layers.push_back(s);
     ratio_.push_back(m);
-    dI_.push_back(k == AttnKind::CSA ? dI : 0);
+    idx_key_bytes_.push_back(k == AttnKind::CSA ? dI * key_bytes : 0);
   }
   W_ = W;
   D0_ = D;
@@ -64,9 +66,11 @@ DeviceSequence::DeviceSequence(const ModelConfig& cfg, int64_t capacity) : capac
 void DeviceSequence::copy_state_from(const DeviceSequence& src, cudaStream_t stream) {
   DSV4_CHECK(layers.size() == src.layers.size(), "copy_state_from: sequences of different models");
   DSV4_CHECK(capacity_ >= src.pos, "copy_state_from: capacity ", capacity_, " < ", src.pos, " tokens");
-  auto copy = [&](float* dst, const float* from, int64_t n) {
-    if (n > 0) DSV4_CUDA_CHECK(cudaMemcpyAsync(dst, from, n * sizeof(float), cudaMemcpyDeviceToDevice, stream));
+  DSV4_CHECK(index_keys_ == src.index_keys_, "copy_state_from: sequences with different indexer key formats");
+  auto copy_bytes = [&](void* dst, const void* from, int64_t bytes) {
+    if (bytes > 0) DSV4_CUDA_CHECK(cudaMemcpyAsync(dst, from, bytes, cudaMemcpyDeviceToDevice, stream));
   };
+  auto copy = [&](float* dst, const float* from, int64_t n) { copy_bytes(dst, from, n * int64_t(sizeof(float))); };
   for (size_t l = 0; l < layers.size(); ++l) {
     const DeviceLayerState &a = src.layers[l];
     DeviceLayerState& b = layers[l];
@@ -77,7 +81,7 @@ void DeviceSequence::copy_state_from(const DeviceSequence& src, cudaStream_t str
     copy(b.idx_z, a.idx_z, a.idx_rows * a.idx_width);
     const int64_t closed = ratio_[l] > 0 ? src.pos / ratio_[l] : 0;
     copy(b.entries, a.entries, closed * D0_);
-    copy(b.idx_keys, a.idx_keys, closed * dI_[l]);
+    copy_bytes(b.idx_keys, a.idx_keys, closed * idx_key_bytes_[l]);
   }
   pos = src.pos;
   undo_p0_ = -1;  // a pending verify of the old state no longer applies

@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include "backend/cuda/device.h"
+#include "backend/cuda/ops.h"
 #include "io/config.h"
 
 namespace dsv4 {
@@ -19,12 +20,15 @@ struct DeviceLayerState {
   float *idx_a = nullptr, *idx_z = nullptr;  // [idx_rows, idx_width]
   int64_t idx_rows = 0, idx_width = 0;
   float* entries = nullptr;       // [capacity / m, D]
-  float* idx_keys = nullptr;      // [capacity / m, dI]
+  void* idx_keys = nullptr;       // [capacity / m, dI] in the sequence's index_keys format
 };
 
 class DeviceSequence {
  public:
-  DeviceSequence(const ModelConfig& cfg, int64_t capacity);
+  // index_keys: how the CSA layers' indexer keys are stored (bf16 by a Fast model whose scorer
+  // takes them, see cuda::KeyFormat).
+  DeviceSequence(const ModelConfig& cfg, int64_t capacity, cuda::KeyFormat index_keys = cuda::KeyFormat::F32);
+  cuda::KeyFormat index_keys() const { return index_keys_; }
   int64_t pos = 0;  // tokens consumed
   int64_t capacity() const { return capacity_; }
   size_t bytes() const { return buf_.bytes(); }
@@ -49,8 +53,9 @@ class DeviceSequence {
 
  private:
   int64_t capacity_;
-  std::vector<int64_t> ratio_, D_, dI_;  // per layer: compression ratio and entry widths
+  std::vector<int64_t> ratio_, D_, idx_key_bytes_;  // per layer: compression ratio, entry widths, bytes per indexer key
   int64_t W_ = 0, D0_ = 0, max_verify_ = 0;
+  cuda::KeyFormat index_keys_;
   cuda::DeviceBuffer buf_;
   cuda::DeviceBuffer undo_;              // saved rows of the pending verify, grown on demand
   int64_t undo_p0_ = -1, undo_n_ = 0;    // positions [undo_p0_, undo_p0_ + undo_n_) saved; -1 = none

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "../model/golden_case.h"
@@ -149,6 +150,30 @@ Agreement fast_vs_exact(const std::string& dir, const std::vector<int32_t>& ids,
     kl_sum += kl(pa, pb, V);
   }
   return Agreement{double(agree) / L, kl_sum / L};
+}
+
+// A Fast model stores its indexer keys as bf16 (the scorer rounds them to bf16 anyway): the
+// logits equal, bit for bit, those of the same model keeping fp32 keys (DSV4_INDEX_KEYS=f32),
+// over a prefill and token-by-token decode past several window closes.
+TEST_P(CudaGolden, FastBf16IndexKeysGiveBitwiseSameLogits) {
+  const ModelWeights w = load_weights(c().quant_dir);
+  ::setenv("DSV4_INDEX_KEYS", "f32", 1);
+  CudaModel f32(w, cuda::Precision::Fast);
+  ::unsetenv("DSV4_INDEX_KEYS");
+  CudaModel bf16(w, cuda::Precision::Fast);
+  ASSERT_EQ(f32.index_keys(), cuda::KeyFormat::F32);
+  ASSERT_EQ(bf16.index_keys(), cuda::KeyFormat::BF16) << "golden " << GetParam() << ": the scorer should take "
+                                                      << c().cfg.index_n_heads << " heads";
+  EXPECT_EQ(CudaModel(w, cuda::Precision::Exact).index_keys(), cuda::KeyFormat::F32);
+  const std::vector<int32_t>& ids = c().ids;
+  ASSERT_GE(ids.size(), 4u * static_cast<size_t>(c().cfg.index_topk) + 8) << "too short to exercise the selection";
+  for (const size_t chunk : {ids.size(), size_t(1)}) {
+    f32.set_poison(true);
+    bf16.set_poison(true);
+    const std::vector<float> a = run_chunks(f32, ids, ids.size(), chunk), b = run_chunks(bf16, ids, ids.size(), chunk);
+    ASSERT_EQ(a.size(), b.size());
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << "chunk " << chunk;
+  }
 }
 
 // On the oracle goldens the random models are chaotic (spec/model.md §10: HF bf16 vs HF fp32

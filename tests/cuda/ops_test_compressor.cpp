@@ -1,6 +1,8 @@
 // Parity of cuda::compressor_pool with compressor_segment: the CPU pools a fresh sequence of N
 // rows; the GPU sees the same rows split into a ring (positions before chunk_p0, at slot
 // p % ring_rows) and a chunk, so windows straddling the boundary read both sources.
+#include <cstring>
+
 #include "backend/cuda/ops.h"
 #include "model/compressor.h"
 #include "tests/cuda/ops_test_util.h"
@@ -75,6 +77,23 @@ TEST_P(CudaOpsCompressor, PoolMatchesCompressorSegment) {
   }
   const std::vector<float> pad = to_host<float>(dout, (wins.size() + 1) * c);
   for (int64_t k = 0; k < c; ++k) ASSERT_TRUE(std::isnan(pad[wins.size() * c + k])) << "padding job wrote " << k;
+
+  // bf16 output (a Fast model's indexer keys): each value is the fp32 result rounded to nearest
+  // even, bit for bit; the padding slot stays poisoned.
+  DeviceBuffer dout16 = poisoned<uint16_t>((wins.size() + 1) * c);
+  size_t slot = 0;  // the real jobs in order, the padding job on the extra slot
+  for (cuda::PoolJob& J : jobs) J.out = dout16.as<uint16_t>() + (J.w < 0 ? wins.size() : slot++) * c;
+  DeviceBuffer djobs16 = to_device(jobs);
+  cuda::compressor_pool(djobs16.as<cuda::PoolJob>(), static_cast<int64_t>(jobs.size()), m, c, overlap,
+                        dgamma.as<float>(), 1e-6f, dfreq.as<float>(), pairs, nullptr, cuda::KeyFormat::BF16);
+  const std::vector<uint16_t> got16 = to_host<uint16_t>(dout16, (wins.size() + 1) * c);
+  for (size_t i = 0; i < wins.size() * c; ++i) {
+    uint32_t u;
+    std::memcpy(&u, &got[i], 4);
+    const uint16_t want = static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+    ASSERT_EQ(got16[i], want) << "window slot " << i / c << " channel " << i % c;
+  }
+  for (int64_t k = 0; k < c; ++k) ASSERT_EQ(got16[wins.size() * c + k], 0xFFFFu) << "padding job wrote " << k;
 }
 
 // CSA attention (m 4, overlap), indexer keys (c 128), HCA (m 128, no overlap).
