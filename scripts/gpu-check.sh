@@ -24,6 +24,8 @@
 # BENCH_OPS_PARTS, `dsv4 bench --profile`, GEN_CHECK=1: the CLI speculative checks, NSYS=1: nsys
 # kernel sums of batch-1 graph steps, then step (a few decode kernels changed); E2E=0 / STEP=0
 # skip the profile / step. TARGETS="a b": build only those (any mode). E2E_AB (any mode): see e2e_ab.
+# A PREBUILT archive holding bench/bench_ops_base (bench_ops of a baseline commit): dev runs it first.
+# INDEXER_PROF=1 (dev): nsys kernel sums and ncu sections of the indexer top-k at 262144 entries.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 MODE="${1:-all}"
@@ -162,6 +164,11 @@ if [[ "$MODE" == dev ]]; then
     summary+=("bench_linear ${BENCH_LINEAR:-linear}: rc=$?")
   fi
   read -r -a ops_parts <<<"${BENCH_OPS_PARTS:-attention}"
+  if [[ -x "$BUILD/bench/bench_ops_base" ]]; then  # a baseline build's bench_ops (PREBUILT): before/after in one run
+    timeout 200 "$BUILD/bench/bench_ops_base" "${ops_parts[@]}" >"$LOG/bench_ops-base.log" 2>&1
+    summary+=("bench_ops_base ${ops_parts[*]}: rc=$?")
+    cp "$LOG/bench_ops-base.log" "$OUT/" 2>/dev/null
+  fi
   timeout 200 "$BUILD/bench/bench_ops" "${ops_parts[@]}" >"$LOG/bench_ops.log" 2>&1
   summary+=("bench_ops ${ops_parts[*]}: rc=$?")
   cp "$LOG/bench_ops.log" "$OUT/" 2>/dev/null
@@ -205,6 +212,30 @@ if [[ "$MODE" == ops ]]; then
   summary+=("bench_ops (pool released): rc=$?")
   timeout 200 "$BUILD/bench/bench_ops" attention indexer >"$LOG/bench_ops.log" 2>&1
   summary+=("bench_ops: rc=$?")
+  save
+fi
+
+if [[ "$MODE" == dev && "${INDEXER_PROF:-0}" == 1 ]]; then
+  # The indexer top-k at one row of 262144 entries: nsys kernel sums (each kernel of the scoring
+  # and the selection at the running clock) and ncu sections of the bf16 scoring kernel.
+  export BENCH_OPS_ROWS=1 BENCH_INDEXER_ENTRIES=262144
+  if command -v nsys >/dev/null; then
+    timeout 150 nsys profile -o "$LOG/ix" --force-overwrite true "$BUILD/bench/bench_ops" indexer >"$LOG/nsys-ix.log" 2>&1
+    timeout 120 nsys stats -r cuda_gpu_kern_sum,cuda_gpu_mem_time_sum --format csv -o "$LOG/ix" "$LOG/ix.nsys-rep" \
+      >>"$LOG/nsys-ix.log" 2>&1
+    summary+=("nsys indexer: rc=$?")
+    cp "$LOG"/ix_cuda_gpu_kern_sum.csv "$OUT/" 2>/dev/null
+  fi
+  timeout 150 ncu --kernel-name-base demangled --kernel-name regex:"indexer_score_w?g?mma_kernel<__nv_bfloat16>" \
+    --launch-skip 3 --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
+    --section Occupancy --section SchedulerStats --section LaunchStats "$BUILD/bench/bench_ops" indexer \
+    >"$LOG/ncu-ix-score.txt" 2>&1
+  summary+=("ncu indexer score: rc=$?")
+  timeout 150 ncu --kernel-name regex:"chunk_|select_candidates" --launch-skip 9 --launch-count 3 \
+    --section SpeedOfLight --section WarpStateStats "$BUILD/bench/bench_ops" indexer >"$LOG/ncu-ix-select.txt" 2>&1
+  summary+=("ncu indexer select: rc=$?")
+  cp "$LOG/ncu-ix-score.txt" "$LOG/ncu-ix-select.txt" "$OUT/" 2>/dev/null
+  unset BENCH_OPS_ROWS BENCH_INDEXER_ENTRIES
   save
 fi
 

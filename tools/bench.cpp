@@ -141,12 +141,18 @@ int run_bench(const BenchOptions& opt) {
     for (int64_t b = 0; b < B; ++b) seqs.push_back(model.new_sequence(opt.context + total_steps + 8));
     std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(B));
     std::vector<DeviceChunk> chunks;
-    for (int64_t b = 0; b < B; ++b) {
-      prompts[b] = random_tokens(opt.context);
-      chunks.push_back({&seqs[b], prompts[b]});
-    }
     const float* lg;
-    model.forward_device(chunks, false, &lg);
+    // The contexts in calls of at most ~16k rows: one call of B x context rows (131072 at batch
+    // 256) held activations past an H200's memory.
+    const int64_t per_call = std::max<int64_t>(1, 16384 / std::max<int64_t>(opt.context, 1));
+    for (int64_t b0 = 0; b0 < B; b0 += per_call) {
+      chunks.clear();
+      for (int64_t b = b0; b < std::min(B, b0 + per_call); ++b) {
+        prompts[b] = random_tokens(opt.context);
+        chunks.push_back({&seqs[b], prompts[b]});
+      }
+      model.forward_device(chunks, false, &lg);
+    }
     std::vector<int32_t> next = random_tokens(B * total_steps);
     int64_t step = 0;
     auto run_steps = [&](int64_t n, bool timed) {
@@ -167,14 +173,15 @@ int run_bench(const BenchOptions& opt) {
     const double graph_ms = run_steps(opt.steps + 2, true);  // the first two capture
     const double step_ms = graph_ms;
     const double touched = E * (1.0 - std::pow(1.0 - K / E, double(B)));
-    // Cache read per sequence (fp32 layout): window + visible compressed entries + indexer keys.
+    // Cache read per sequence (fp32 layout): window + visible compressed entries + indexer keys
+    // (bf16 when the model stores them so).
     double cache = 0;
-    const double ctx = double(opt.context);
+    const double ctx = double(opt.context), key_bytes = model.index_keys() == cuda::KeyFormat::BF16 ? 2 : 4;
     for (int64_t l = 0; l < cfg.num_layers; ++l) {
       const int64_t m = cfg.compress_ratio[l];
       cache += double(std::min<int64_t>(cfg.sliding_window, opt.context)) * cfg.head_dim * 4;
       if (m > 0) cache += std::floor(ctx / m) * cfg.head_dim * 4;
-      if (cfg.layer_kinds[l] == AttnKind::CSA) cache += std::floor(ctx / m) * cfg.index_head_dim * 4;
+      if (cfg.layer_kinds[l] == AttnKind::CSA) cache += std::floor(ctx / m) * cfg.index_head_dim * key_bytes;
     }
     const double bytes = double(dense) + touched * double(expert) * cfg.num_layers + cache * B;
     const double bytes_ms = bytes / bw * 1e3;
