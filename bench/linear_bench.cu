@@ -260,28 +260,20 @@ void bench_moe() {
       DeviceBuffer x(static_cast<size_t>(R * d) * 4), out(static_cast<size_t>(R * d) * 4);
       dsv4::cuda::fill_normal_f32(x.as<float>(), R * d, 1.f, 11 + R, nullptr);
       DSV4_CUDA_CHECK(cudaMemset(out.get(), 0, out.bytes()));
-      // Packed at decode sizes: the default (kMoeStreamDefaultStages), the per-tile kernels (2 row
-      // blocks per CTA, 3 CTAs per SM) and their variants, and the persistent streaming kernels
-      // with 2 / 3 / 4 stages and 1 or 2 row blocks per item (same bits, different latency hiding).
-      // From 256 tokens: the size rule, then 8-token tiles (streaming and per-tile) and 64-token
-      // tiles forced (moe_mma_wide.cu, wgmma).
+      // Packed at decode sizes: the default (2 row blocks per CTA, 3 CTAs per SM) and its variants
+      // (same bits, different latency hiding). From 256 tokens: the size rule, then 8-token and
+      // 64-token tiles forced (moe_mma_wide.cu, wgmma). (The persistent streaming kernels of step 8
+      // lost on the H100 and the H200 and were removed: bench/NOTES.md step 9.)
       struct Variant {
-        int rb, occ, wide, stream, stream_rb;
+        int rb, occ, wide;
         const char* tag;
       };
       const std::vector<Variant> all = {
-          {0, 3, 0, 0, 0, ""},                {0, 3, 0, -1, 0, " per-tile"},      {1, 3, 0, -1, 0, " per-tile rb1"},
-          {4, 3, 0, -1, 0, " per-tile rb4"},  {0, 2, 0, -1, 0, " per-tile occ2"}, {0, 3, 0, 2, 0, " stream2"},
-          {0, 3, 0, 3, 0, " stream3"},        {0, 3, 0, 4, 0, " stream4"},        {0, 3, 0, 2, 2, " stream2 rb2"},
-          {0, 3, 0, 3, 2, " stream3 rb2"}};
-      std::vector<Variant> tiles = {{0, 3, 0, 0, 0, ""},
-                                    {0, 3, -1, 0, 0, " 8-token tiles"},
-                                    {0, 3, -1, -1, 0, " 8-token per-tile"},
-                                    {0, 3, -1, 3, 0, " 8-token stream3"},
-                                    {0, 3, 1, 0, 0, " 64-token tiles"}};
+          {0, 3, 0, ""}, {1, 3, 0, " rb1"}, {4, 3, 0, " rb4"}, {0, 2, 0, " occ2"}};
+      std::vector<Variant> tiles = {{0, 3, 0, ""}, {0, 3, -1, " 8-token tiles"}, {0, 3, 1, " 64-token tiles"}};
       if (dsv4::cuda::moe_wgmma_available()) {
-        tiles.push_back({0, 3, 2, 0, 0, " 64-token wgmma tiles"});
-        tiles.push_back({0, 3, 3, 0, 0, " 128-token wgmma tiles"});
+        tiles.push_back({0, 3, 2, " 64-token wgmma tiles"});
+        tiles.push_back({0, 3, 3, " 128-token wgmma tiles"});
       }
       const std::vector<Variant> variants = !packed ? std::vector<Variant>{all[0]} : R < 256 ? all : tiles;
       for (const Variant& v : variants) {
@@ -290,8 +282,6 @@ void bench_moe() {
           if ((packed || R > 256) && p == Precision::Exact) continue;  // Exact at 4096 tokens: seconds
           dsv4::cuda::set_moe_mma_variant(rb, v.occ);
           dsv4::cuda::set_moe_wide_tiles(v.wide);
-          dsv4::cuda::set_moe_stream_stages(v.stream);
-          dsv4::cuda::set_moe_stream_row_blocks(v.stream_rb);
           const double us = median_us([&](int i) {
             const int s = i % sets;
             runner.run(set, x.as<float>(), R, dex.as<int32_t>() + s * R * K, dwt.as<float>() + s * R * K, K, 10.f,
@@ -306,8 +296,6 @@ void bench_moe() {
       }
       dsv4::cuda::set_moe_mma_variant(0, 3);
       dsv4::cuda::set_moe_wide_tiles(0);
-      dsv4::cuda::set_moe_stream_stages(0);
-      dsv4::cuda::set_moe_stream_row_blocks(0);
     }
   }
 }

@@ -538,18 +538,13 @@ void MoeRunner::run(const ExpertSet& set, const float* x, int64_t R, const int32
     const uint8_t *xq = m.xq8.as<uint8_t>(), *hq = m.hq8.as<uint8_t>();
     const float *xs = m.xsc.as<float>(), *hs = m.hsc.as<float>();
     const int k = static_cast<int>(K);
-    const bool stream = !wide && tb.packed && moe_stream_ok(d, I);
     if (wide)
       mma_gateup_wide(tab, tiles, nt, max_tiles, sp, k, xq, xs, R, d, I, limit, H, s);
-    else if (stream)
-      mma_gateup_stream(tab, tiles, nt, max_tiles, sp, k, xq, xs, R, d, I, limit, H, s);
     else
       mma_gateup(tab, tb.packed, tiles, nt, max_tiles, sp, k, xq, xs, R, d, I, limit, H, s);
     act_quant_fp8(H, pairs, I, I, pairs, m.hq8.as<uint8_t>(), I, m.hsc.as<float>(), s, tb.packed);
     if (wide)
       mma_down_wide(tab, tiles, nt, max_tiles, sp, hq, hs, pairs, d, I, Y, s);
-    else if (stream)
-      mma_down_stream(tab, tiles, nt, max_tiles, sp, hq, hs, pairs, d, I, Y, s);
     else
       mma_down(tab, tb.packed, tiles, nt, max_tiles, sp, hq, hs, pairs, d, I, Y, s);
     combine(Y, experts, weights, R, static_cast<int>(K), E, d, accumulate, out, s);

@@ -24,13 +24,6 @@ struct ExpertSet {
 // 1) and ctas_per_sm 2 (two K-blocks of loads in flight per warp) or 3 (default: one, more
 // warps). Every variant computes the same bits.
 void set_moe_mma_variant(int row_blocks, int ctas_per_sm);
-// Kernels of the 8-token tiles on packed experts: -1 = one CTA per tile and row group (moe_mma.cu),
-// 0 = the default (those, kMoeStreamDefaultStages = 0: the streaming form measured no faster,
-// bench/NOTES.md step 8), 2 / 3 / 4 = persistent CTAs streaming the weights through that many
-// shared-memory stages (moe_mma_stream.cu). Same bits. DSV4_MOE_STREAM sets the starting value.
-void set_moe_stream_stages(int stages);
-// 16-row blocks per work item of the streaming kernels: 0 = the default (1), 1 or 2.
-void set_moe_stream_row_blocks(int row_blocks);
 // Tile width of the tensor-core path on packed experts: 0 = by size (wide tiles from an average
 // of kMoeWgmmaMinTokens (wgmma) / kMoeWideMinTokens tokens per expert, 8-token tiles below), -1 =
 // always 8, 1 = always 64 on mma.sync (moe_mma_wide.cu: the 8-token kernels' bits), 2 / 3 =

@@ -1,4 +1,4 @@
-// The product of one 128-block of the 8-token expert kernels (moe_mma.cu, moe_mma_stream.cu):
+// The product of one 128-block of the 8-token expert kernels (moe_mma.cu, moe_mma_wide.cu):
 // NM weights (rows g and g+8 of a 16-row tile) against token column g of the activation codes,
 // with the E8M0 group scales and the activation's 128-block scales. Both kernels call this one
 // body, so that they give the same bits. Only .cu files include this.

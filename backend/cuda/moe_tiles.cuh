@@ -43,19 +43,6 @@ void mma_down(const DevWeight* tab, bool packed, const MoeTile* tiles, const int
               const int32_t* slot_pair, const uint8_t* hq, const float* hs, int64_t ldhs, int64_t d, int64_t I,
               float* Y, cudaStream_t s);
 
-// The same two products on persistent CTAs that stream the weights through shared-memory stages
-// (moe_mma_stream.cu; packed weights only, same bits). moe_stream_stages(): the stages in use (<= 0:
-// the per-tile kernels above); moe_stream_ok: that, and row counts these kernels divide.
-constexpr int kMoeStreamDefaultStages = 0;  // 0: the per-tile kernels unless asked (see bench/NOTES.md)
-int moe_stream_stages();
-bool moe_stream_ok(int64_t d, int64_t I);
-void mma_gateup_stream(const DevWeight* tab, const MoeTile* tiles, const int32_t* n_tiles, unsigned max_tiles,
-                       const int32_t* slot_pair, int K, const uint8_t* xq, const float* xs, int64_t ldxs, int64_t d,
-                       int64_t I, float limit, float* H, cudaStream_t s);
-void mma_down_stream(const DevWeight* tab, const MoeTile* tiles, const int32_t* n_tiles, unsigned max_tiles,
-                     const int32_t* slot_pair, const uint8_t* hq, const float* hs, int64_t ldhs, int64_t d, int64_t I,
-                     float* Y, cudaStream_t s);
-
 // The wide kernels (same contracts; tiles of <= kMmaWideTokens tokens; packed weights only).
 void mma_gateup_wide(const DevWeight* tab, const MoeTile* tiles, const int32_t* n_tiles, unsigned max_tiles,
                      const int32_t* slot_pair, int K, const uint8_t* xq, const float* xs, int64_t ldxs, int64_t d,
