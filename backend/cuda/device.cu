@@ -84,6 +84,19 @@ bool is_device_pointer(const void* p) {
   return a.type == cudaMemoryTypeDevice;
 }
 
+bool wgmma_available() {
+#if defined(DSV4_CUDA_SM90A)
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return false;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess)
+    return false;
+  return major == 9 && minor == 0;
+#else
+  return false;
+#endif
+}
+
 namespace detail {
 
 bool pdl_enabled() {

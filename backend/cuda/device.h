@@ -9,6 +9,9 @@ namespace dsv4::cuda {
 
 // True when a CUDA device is present and usable (no exception when the driver is missing).
 bool available();
+// True when the current device is sm_90 and this build has arch-90a code: the wgmma kernels
+// (routed experts at prefill sizes, the indexer's scorer) exist and may be launched.
+bool wgmma_available();
 
 class DeviceBuffer {
  public:

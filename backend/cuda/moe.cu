@@ -328,7 +328,7 @@ int g_wide_mode = 0;  // set_moe_wide_tiles
 // Wide tiles on wgmma (moe_wgmma.cu) where the device and build have it, unless mode 1 asks
 // for the mma.sync ones.
 bool wgmma_tiles() {
-  static const bool available = wgmma_experts_available();
+  static const bool available = wgmma_available();
   DSV4_CHECK(g_wide_mode < 2 || available,
              "MoeRunner: wgmma expert tiles asked for (set_moe_wide_tiles(2 or 3)) but unavailable: they need an "
              "sm_90 device and a build for CUDA arch 90a");

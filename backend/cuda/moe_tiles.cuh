@@ -55,7 +55,6 @@ void mma_down_wide(const DevWeight* tab, const MoeTile* tiles, const int32_t* n_
 // activations from act_quant_bf16_wgmma: xb [rows, d], hb [slots, I]). Available on an sm_90
 // device in a build for arch 90a; they sum in another order than the kernels above (not the same
 // bits).
-bool wgmma_experts_available();
 void wgmma_gateup(int tile_tokens, const DevWeight* tab, const MoeTile* tiles, const int32_t* n_tiles,
                   unsigned max_tiles, const int32_t* slot_pair, int K, const __nv_bfloat16* xb, int64_t x_rows, int64_t d,
                   int64_t I, float limit, float* H, cudaStream_t s);

@@ -22,6 +22,7 @@
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/cp_async.cuh"
+#include "backend/cuda/device.h"
 #include "backend/cuda/moe_tiles.cuh"
 #include "backend/cuda/wgmma.cuh"
 
@@ -307,23 +308,10 @@ void set_smem(Kernel k, size_t bytes) {
 }  // namespace dsv4::cuda::detail
 
 namespace dsv4::cuda {
-bool moe_wgmma_available() { return detail::wgmma_experts_available(); }
+bool moe_wgmma_available() { return wgmma_available(); }
 }  // namespace dsv4::cuda
 
 namespace dsv4::cuda::detail {
-
-bool wgmma_experts_available() {
-#if defined(DSV4_CUDA_SM90A)
-  int dev = 0, major = 0, minor = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return false;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess)
-    return false;
-  return major == 9 && minor == 0;
-#else
-  return false;
-#endif
-}
 
 template <int TOK, typename... Args>
 void launch_gateup(unsigned rows, unsigned max_tiles, cudaStream_t s, Args... args) {
@@ -344,7 +332,7 @@ void launch_down(unsigned rows, unsigned max_tiles, cudaStream_t s, Args... args
 void wgmma_gateup(int tile_tokens, const DevWeight* tab, const MoeTile* tiles, const int32_t* n_tiles,
                   unsigned max_tiles, const int32_t* slot_pair, int K, const __nv_bfloat16* xb, int64_t x_rows, int64_t d,
                   int64_t I, float limit, float* H, cudaStream_t s) {
-  DSV4_CHECK(wgmma_experts_available(), "wgmma_gateup: needs an sm_90 device and a build for arch 90a");
+  DSV4_CHECK(wgmma_available(), "wgmma_gateup: needs an sm_90 device and a build for arch 90a");
   DSV4_CHECK(I % kCtaRows == 0 && d % 128 == 0, "wgmma_gateup: d and I must be multiples of 128");
   DSV4_CHECK(tile_tokens == 64 || tile_tokens == 128, "wgmma_gateup: tiles of 64 or 128 tokens");
   DSV4_CHECK(x_rows * d < int64_t{UINT32_MAX}, "wgmma_gateup: activations beyond 32-bit element offsets");
@@ -358,7 +346,7 @@ void wgmma_gateup(int tile_tokens, const DevWeight* tab, const MoeTile* tiles, c
 void wgmma_down(int tile_tokens, const DevWeight* tab, const MoeTile* tiles, const int32_t* n_tiles,
                 unsigned max_tiles, const int32_t* slot_pair, const __nv_bfloat16* hb, int64_t h_rows, int64_t d,
                 int64_t I, float* Y, cudaStream_t s) {
-  DSV4_CHECK(wgmma_experts_available(), "wgmma_down: needs an sm_90 device and a build for arch 90a");
+  DSV4_CHECK(wgmma_available(), "wgmma_down: needs an sm_90 device and a build for arch 90a");
   DSV4_CHECK(d % kCtaRows == 0 && I % 128 == 0, "wgmma_down: d and I must be multiples of 128");
   DSV4_CHECK(tile_tokens == 64 || tile_tokens == 128, "wgmma_down: tiles of 64 or 128 tokens");
   DSV4_CHECK(h_rows * I < int64_t{UINT32_MAX}, "wgmma_down: activations beyond 32-bit element offsets");

@@ -21,14 +21,13 @@
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/cp_async.cuh"
+#include "backend/cuda/device.h"
 #include "backend/cuda/ops_common.cuh"
 #include "backend/cuda/ops_indexer_mma.h"
 #include "backend/cuda/ops_indexer_select.h"
 #include "backend/cuda/wgmma.cuh"
 
 namespace dsv4::cuda::detail {
-
-bool wgmma_experts_available();  // moe_wgmma.cu: sm_90 device and an arch-90a build
 
 namespace {
 
@@ -194,7 +193,7 @@ bool g_wgmma_on = [] {
 void set_indexer_wgmma(bool on) { g_wgmma_on = on; }
 
 bool indexer_wgmma_ok(int64_t nh, int64_t hd) {
-  static const bool available = wgmma_experts_available();
+  static const bool available = wgmma_available();
   return g_wgmma_on && available && nh == kHeads && hd == kDim;
 }
 
