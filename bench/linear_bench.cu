@@ -264,16 +264,22 @@ void bench_moe() {
       // (same bits, different latency hiding). From 256 tokens: the size rule, then 8-token and
       // 64-token tiles forced (moe_mma_wide.cu, wgmma). (The persistent streaming kernels of step 8
       // lost on the H100 and the H200 and were removed: bench/NOTES.md step 9.)
+      // dec: the 8-token tiles on FP8 wgmma (0, the default where available) or mma.sync (-1).
       struct Variant {
-        int rb, occ, wide;
+        int rb, occ, wide, dec;
         const char* tag;
       };
-      const std::vector<Variant> all = {
-          {0, 3, 0, ""}, {1, 3, 0, " rb1"}, {4, 3, 0, " rb4"}, {0, 2, 0, " occ2"}};
-      std::vector<Variant> tiles = {{0, 3, 0, ""}, {0, 3, -1, " 8-token tiles"}, {0, 3, 1, " 64-token tiles"}};
+      const std::vector<Variant> all = {{0, 3, 0, 0, ""},
+                                        {0, 3, 0, -1, " mma.sync"},
+                                        {1, 3, 0, -1, " mma.sync rb1"},
+                                        {0, 2, 0, -1, " mma.sync occ2"}};
+      std::vector<Variant> tiles = {{0, 3, 0, 0, ""},
+                                    {0, 3, -1, 0, " 8-token tiles"},
+                                    {0, 3, -1, -1, " 8-token mma.sync tiles"},
+                                    {0, 3, 1, 0, " 64-token tiles"}};
       if (dsv4::cuda::moe_wgmma_available()) {
-        tiles.push_back({0, 3, 2, " 64-token wgmma tiles"});
-        tiles.push_back({0, 3, 3, " 128-token wgmma tiles"});
+        tiles.push_back({0, 3, 2, 0, " 64-token wgmma tiles"});
+        tiles.push_back({0, 3, 3, 0, " 128-token wgmma tiles"});
       }
       const std::vector<Variant> variants = !packed ? std::vector<Variant>{all[0]} : R < 256 ? all : tiles;
       for (const Variant& v : variants) {
@@ -282,6 +288,7 @@ void bench_moe() {
           if ((packed || R > 256) && p == Precision::Exact) continue;  // Exact at 4096 tokens: seconds
           dsv4::cuda::set_moe_mma_variant(rb, v.occ);
           dsv4::cuda::set_moe_wide_tiles(v.wide);
+          dsv4::cuda::set_moe_decode_wgmma(v.dec);
           const double us = median_us([&](int i) {
             const int s = i % sets;
             runner.run(set, x.as<float>(), R, dex.as<int32_t>() + s * R * K, dwt.as<float>() + s * R * K, K, 10.f,
@@ -296,6 +303,7 @@ void bench_moe() {
       }
       dsv4::cuda::set_moe_mma_variant(0, 3);
       dsv4::cuda::set_moe_wide_tiles(0);
+      dsv4::cuda::set_moe_decode_wgmma(0);
     }
   }
 }

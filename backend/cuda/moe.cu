@@ -7,7 +7,8 @@
 //  4. combine: out[r] += Σ_k w[r,k] Y[r*K + k] in fixed k order (deterministic, no atomics).
 // FP4 experts in Fast precision: tensor-core kernels at every size (moe_mma.cu, 8-token tiles;
 // on packed weights at prefill sizes moe_mma_wide.cu, 64-token tiles, same bits), on weights
-// optionally re-packed for 16-byte loads (pack_for_tensor_cores). Otherwise few
+// optionally re-packed for 16-byte loads (pack_for_tensor_cores); the 8-token tiles of packed weights
+// on FP8 wgmma where available (moe_wgmma_decode.cu). Otherwise few
 // tokens per expert (decode): GEMV kernels (T = 16), weights streamed once per tile with
 // FP4/FP8 decoded in registers; many tokens: 64x64 SIMT tiles (weights decoded into smem).
 // Weights are read as stored (FP4 packed + E8M0); Fast = the same kernels on FP8-quantised
@@ -349,6 +350,20 @@ int wgmma_tile_tokens(int64_t pairs, int E) {
   return pairs >= static_cast<int64_t>(kMoeWgmma128MinTokens) * E ? 128 : 64;
 }
 
+int g_decode_wgmma = [] {  // set_moe_decode_wgmma
+  const char* env = std::getenv("DSV4_MOE_DECODE_WGMMA");
+  return env && std::string(env) == "0" ? -1 : 0;
+}();
+
+// The FP8 wgmma kernels for 8-token tiles of packed experts, unless mode -1 asks for mma.sync.
+bool decode_wgmma(int64_t d, int64_t I) {
+  if (g_decode_wgmma < 0) return false;
+  const bool ok = fp8_decode_ok(d, I);
+  DSV4_CHECK(ok || g_decode_wgmma == 0, "MoeRunner: FP8 wgmma decode tiles asked for (set_moe_decode_wgmma(1)) but "
+             "unavailable: they need an sm_90 device, a build for CUDA arch 90a and d, I multiples of 128");
+  return ok;
+}
+
 unsigned blocks256(int64_t n) { return static_cast<unsigned>((n + 255) / 256); }
 
 void grow(DeviceBuffer& b, size_t bytes) { grow_scratch(b, bytes); }
@@ -396,6 +411,11 @@ struct MoeRunner::Impl {
   }
 };
 
+void set_moe_decode_wgmma(int mode) {
+  DSV4_CHECK(mode >= -1 && mode <= 1, "set_moe_decode_wgmma: -1 (mma.sync), 0 (wgmma where available), 1 (wgmma)");
+  g_decode_wgmma = mode;
+}
+
 void set_moe_wide_tiles(int mode) {
   DSV4_CHECK(mode >= -1 && mode <= 3,
              "set_moe_wide_tiles: -1 (8-token tiles), 0 (by size), 1 (64-token mma.sync tiles), 2 / 3 (64- / "
@@ -409,9 +429,11 @@ bool MoeRunner::pack_for_tensor_cores(const ExpertSet& set, cudaStream_t s) {
   Impl::Table& tb = impl_->table(set);
   if (!tb.mma) return false;
   if (tb.packed) return true;
+  DeviceBuffer scratch(static_cast<size_t>(set.I * set.d / 2));  // each of W1, W2, W3 has I x d values
   for (const auto* ws : {&set.w1, &set.w2, &set.w3})
     for (const WeightView& w : *ws)  // the model owns these bytes; only this runner reads them from now on
-      pack_fp4_for_mma(const_cast<uint8_t*>(w.data), w.out * w.in / 2, s);
+      pack_fp4_for_mma(const_cast<uint8_t*>(w.data), w.out, w.in / 2, scratch.as<uint8_t>(), s);
+  DSV4_CUDA_CHECK(cudaStreamSynchronize(s));  // the scratch is released below
   tb.packed = true;
   return true;
 }
@@ -538,13 +560,18 @@ void MoeRunner::run(const ExpertSet& set, const float* x, int64_t R, const int32
     const uint8_t *xq = m.xq8.as<uint8_t>(), *hq = m.hq8.as<uint8_t>();
     const float *xs = m.xsc.as<float>(), *hs = m.hsc.as<float>();
     const int k = static_cast<int>(K);
+    const bool fp8 = !wide && tb.packed && decode_wgmma(d, I);
     if (wide)
       mma_gateup_wide(tab, tiles, nt, max_tiles, sp, k, xq, xs, R, d, I, limit, H, s);
+    else if (fp8)
+      fp8_decode_gateup(tab, tiles, nt, max_tiles, sp, k, xq, xs, R, d, I, limit, H, s);
     else
       mma_gateup(tab, tb.packed, tiles, nt, max_tiles, sp, k, xq, xs, R, d, I, limit, H, s);
     act_quant_fp8(H, pairs, I, I, pairs, m.hq8.as<uint8_t>(), I, m.hsc.as<float>(), s, tb.packed);
     if (wide)
       mma_down_wide(tab, tiles, nt, max_tiles, sp, hq, hs, pairs, d, I, Y, s);
+    else if (fp8)
+      fp8_decode_down(tab, tiles, nt, max_tiles, sp, hq, hs, pairs, d, I, Y, s);
     else
       mma_down(tab, tb.packed, tiles, nt, max_tiles, sp, hq, hs, pairs, d, I, Y, s);
     combine(Y, experts, weights, R, static_cast<int>(K), E, d, accumulate, out, s);

@@ -32,6 +32,11 @@ void set_moe_mma_variant(int row_blocks, int ctas_per_sm);
 // another order), with 128 tokens from an average of kMoeWgmma128MinTokens.
 void set_moe_wide_tiles(int mode);
 bool moe_wgmma_available();
+// The 8-token tiles on packed experts: 0 = the FP8 wgmma kernels (moe_wgmma_decode.cu) where the
+// device (sm_90) and build (arch 90a) have them, else mma.sync; -1 = always mma.sync (moe_mma.cu,
+// the bits of the stored layout and the 64-token mma.sync tiles); 1 = always wgmma (an error
+// where unavailable). DSV4_MOE_DECODE_WGMMA=0 starts at -1.
+void set_moe_decode_wgmma(int mode);
 // From bench_linear moe (K = 6 of 256 experts, packed; 2026-12-04): 8-token tiles win at 6 tokens
 // per expert (256 tokens: 1.87 vs 2.55 ms on 64-token wgmma tiles), wgmma from 12 (512: 2.70 vs
 // 3.00 ms); 128-token wgmma tiles at 96 (4096: 5.61 vs 6.76 ms) but not at 48 (2048: 4.05 vs 3.50);

@@ -36,7 +36,7 @@ __device__ __forceinline__ void rows_times_tile(const DevWeight* const (&w)[NM],
   const uint8_t* sa[NM];
 #pragma unroll
   for (int m = 0; m < NM; ++m) {
-    pa[m] = w[m]->data + (r0 + g) * rb + (PACKED ? 16 : 4) * q;
+    pa[m] = w[m]->data + (PACKED ? packed_row_offset(r0 + g, rb) + 16 * q : (r0 + g) * rb + 4 * q);
     sa[m] = w[m]->scale + (r0 + g) * sc;
   }
 #pragma unroll UNROLL
@@ -45,8 +45,8 @@ __device__ __forceinline__ void rows_times_tile(const DevWeight* const (&w)[NM],
 #pragma unroll
     for (int m = 0; m < NM; ++m) {
       if constexpr (PACKED) {  // the thread's four words of the block are adjacent (pack_fp4_for_mma)
-        const uint4 a = __ldg(reinterpret_cast<const uint4*>(pa[m] + kb * 64));
-        const uint4 b = __ldg(reinterpret_cast<const uint4*>(pa[m] + 8 * rb + kb * 64));
+        const uint4 a = __ldg(reinterpret_cast<const uint4*>(pa[m] + kb * kPackedBlockStride));
+        const uint4 b = __ldg(reinterpret_cast<const uint4*>(pa[m] + kPackedPlus8Rows + kb * kPackedBlockStride));
         o.wa[m][0] = a.x, o.wa[m][1] = a.y, o.wa[m][2] = a.z, o.wa[m][3] = a.w;
         o.wb[m][0] = b.x, o.wb[m][1] = b.y, o.wb[m][2] = b.z, o.wb[m][3] = b.w;
       } else {
@@ -95,18 +95,6 @@ __device__ __forceinline__ void sum_partials(float (*red)[RB][NM][4][32], int rb
     }
 }
 
-// Rows [r0, r0 + n) of each weight (FP4 bytes and E8M0 scales) into L2 before pdl_wait: the
-// tile list and slot list come from group_kernel, which finished before the activation
-// quantisation that this kernel overlaps began.
-template <int NM>
-__device__ __forceinline__ void prefetch_rows(const DevWeight* const (&w)[NM], int64_t r0, int64_t n) {
-#pragma unroll
-  for (int m = 0; m < NM; ++m) {
-    prefetch_l2(w[m]->data + r0 * (w[m]->in / 2), n * (w[m]->in / 2));
-    prefetch_l2(w[m]->scale + r0 * w[m]->scale_cols, n * w[m]->scale_cols);
-  }
-}
-
 // MINB CTAs per SM: 2 with two 128-blocks of loads in flight per warp (128 registers), or 3
 // with one (<= 85 registers: more warps to hide the dependent mma / conversion chains; ncu at
 // 1 token showed 3.6 active warps per scheduler issuing every 6.5 cycles).
@@ -131,7 +119,6 @@ __global__ void __launch_bounds__(kSplitWarps * 32, MINB)
                        ldxs};
   const int64_t nkb = d / 128, kb0 = warp * nkb / kSplitWarps, kb1 = (warp + 1) * nkb / kSplitWarps;
   const DevWeight* const ws[2] = {tab + 3 * t.expert, tab + 3 * t.expert + 2};  // W1, W3
-  prefetch_rows(ws, r0, 16 * RB);
   pdl_wait();  // x is being quantised by the kernel before this one (pdl.cuh)
 #pragma unroll
   for (int rb = 0; rb < RB; ++rb) {
@@ -162,7 +149,6 @@ __global__ void __launch_bounds__(kSplitWarps * 32, MINB)
                        hs + slot_of(2 * q + 1), ldhs};
   const int64_t nkb = I / 128, kb0 = warp * nkb / kSplitWarps, kb1 = (warp + 1) * nkb / kSplitWarps;
   const DevWeight* const ws[1] = {tab + 3 * t.expert + 1};  // W2
-  prefetch_rows(ws, r0, 16 * RB);
   pdl_wait();  // h is being quantised by the kernel before this one
 #pragma unroll
   for (int rb = 0; rb < RB; ++rb) {
@@ -184,27 +170,32 @@ __global__ void __launch_bounds__(kSplitWarps * 32, MINB)
 }
 
 // One thread per 64-byte block (128 values of a row): word q of group j moves to word j of
-// thread q's 16 bytes, a 4x4 transpose of 4-byte words in place.
-__global__ void pack_fp4_kernel(uint4* data, int64_t blocks) {
-  const int64_t b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (b >= blocks) return;
+// thread q's 16 bytes (a 4x4 transpose of 4-byte words), written to the block's tiled place.
+__global__ void pack_fp4_kernel(const uint4* __restrict__ src, uint8_t* __restrict__ dst, int64_t rows,
+                                int64_t row_bytes) {
+  const int64_t nkb = row_bytes / 64, b = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (b >= rows * nkb) return;
+  const int64_t row = b / nkb, kb = b % nkb;
   uint4 g[4];
 #pragma unroll
-  for (int j = 0; j < 4; ++j) g[j] = data[b * 4 + j];
-  data[b * 4 + 0] = make_uint4(g[0].x, g[1].x, g[2].x, g[3].x);
-  data[b * 4 + 1] = make_uint4(g[0].y, g[1].y, g[2].y, g[3].y);
-  data[b * 4 + 2] = make_uint4(g[0].z, g[1].z, g[2].z, g[3].z);
-  data[b * 4 + 3] = make_uint4(g[0].w, g[1].w, g[2].w, g[3].w);
+  for (int j = 0; j < 4; ++j) g[j] = src[b * 4 + j];
+  uint4* out = reinterpret_cast<uint4*>(dst + packed_row_offset(row, row_bytes) + kb * kPackedBlockStride);
+  out[0] = make_uint4(g[0].x, g[1].x, g[2].x, g[3].x);
+  out[1] = make_uint4(g[0].y, g[1].y, g[2].y, g[3].y);
+  out[2] = make_uint4(g[0].z, g[1].z, g[2].z, g[3].z);
+  out[3] = make_uint4(g[0].w, g[1].w, g[2].w, g[3].w);
 }
 
 }  // namespace
 
-void pack_fp4_for_mma(uint8_t* data, int64_t bytes, cudaStream_t s) {
-  DSV4_CHECK(bytes % 64 == 0 && reinterpret_cast<uintptr_t>(data) % 16 == 0,
-             "pack_fp4_for_mma: needs 16-byte aligned rows of 128-value blocks");
-  const int64_t blocks = bytes / 64;
-  pack_fp4_kernel<<<static_cast<unsigned>((blocks + 255) / 256), 256, 0, s>>>(reinterpret_cast<uint4*>(data), blocks);
+void pack_fp4_for_mma(uint8_t* data, int64_t rows, int64_t row_bytes, uint8_t* scratch, cudaStream_t s) {
+  DSV4_CHECK(row_bytes % 64 == 0 && rows % kPackTileRows == 0 && reinterpret_cast<uintptr_t>(data) % 16 == 0,
+             "pack_fp4_for_mma: needs 16-byte aligned rows of 128-value blocks, rows a multiple of 64");
+  const int64_t blocks = rows * row_bytes / 64;
+  pack_fp4_kernel<<<static_cast<unsigned>((blocks + 255) / 256), 256, 0, s>>>(reinterpret_cast<const uint4*>(data),
+                                                                              scratch, rows, row_bytes);
   DSV4_CUDA_LAUNCH_CHECK();
+  DSV4_CUDA_CHECK(cudaMemcpyAsync(data, scratch, static_cast<size_t>(rows * row_bytes), cudaMemcpyDeviceToDevice, s));
 }
 
 bool mma_experts_ok(const DevWeight* host_tab, int n, int64_t d, int64_t I) {

@@ -72,8 +72,8 @@ __device__ __forceinline__ void load_weights(WeightBlock<NM>& w, const uint8_t* 
                                              const uint8_t* const (&sa)[NM], int64_t rb, int64_t sc, int64_t kb) {
 #pragma unroll
   for (int m = 0; m < NM; ++m) {
-    w.a[m] = __ldg(reinterpret_cast<const uint4*>(pa[m] + kb * 64));
-    w.b[m] = __ldg(reinterpret_cast<const uint4*>(pa[m] + 8 * rb + kb * 64));
+    w.a[m] = __ldg(reinterpret_cast<const uint4*>(pa[m] + kb * kPackedBlockStride));
+    w.b[m] = __ldg(reinterpret_cast<const uint4*>(pa[m] + kPackedPlus8Rows + kb * kPackedBlockStride));
     w.ea[m] = __ldg(reinterpret_cast<const uint32_t*>(sa[m] + kb * 4));
     w.eb[m] = __ldg(reinterpret_cast<const uint32_t*>(sa[m] + 8 * sc + kb * 4));
   }
@@ -144,7 +144,7 @@ __device__ __forceinline__ void wide_rows_times_tile(const DevWeight* const (&w)
   const uint8_t* sa[NM];
 #pragma unroll
   for (int m = 0; m < NM; ++m) {
-    pa[m] = w[m]->data + (r0 + g) * rb + 16 * q;
+    pa[m] = w[m]->data + packed_row_offset(r0 + g, rb) + 16 * q;
     sa[m] = w[m]->scale + (r0 + g) * sc;
   }
   const int groups = (count + 7) / 8;  // CTA-uniform

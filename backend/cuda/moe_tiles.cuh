@@ -30,9 +30,19 @@ bool mma_experts_ok(const DevWeight* host_tab, int n, int64_t d, int64_t I);
 // The packed FP4 layout of the tensor-core path: in every 64-byte block (128 values of a row) the
 // 4-byte slice q of group j moves to word j of 16-byte slot q, so that the mma thread that owns
 // slice q of all four groups loads them with one 16-byte load (4 loads of 4 bytes otherwise,
-// which kept the L1 pipeline, not DRAM, busy: ~1.3 TB/s). In place; its own inverse is not
-// needed (packed experts are only read by these kernels).
-void pack_fp4_for_mma(uint8_t* data, int64_t bytes, cudaStream_t s);
+// which kept the L1 pipeline, not DRAM, busy: ~1.3 TB/s). The rows are also tiled: in a tile of
+// kPackTileRows rows, block kb of all its rows is one contiguous 4 KB piece (row r at 64 r), so
+// that a warp's loads of 8 rows are 512 contiguous bytes and a tile's blocks stream in order
+// (64-byte pieces 2 KB apart held DRAM at ~60% of its bandwidth, H100 ncu). rows % 64 == 0;
+// scratch: rows * row_bytes bytes. Its inverse is not needed (packed experts are only read by
+// these kernels).
+constexpr int kPackTileRows = 64;
+constexpr int64_t kPackedBlockStride = kPackTileRows * 64;  // block kb to kb + 1 of a row
+constexpr int64_t kPackedPlus8Rows = 8 * 64;                // row r to row r + 8 (same tile)
+__host__ __device__ __forceinline__ int64_t packed_row_offset(int64_t row, int64_t row_bytes) {
+  return row / kPackTileRows * kPackTileRows * row_bytes + row % kPackTileRows * 64;
+}
+void pack_fp4_for_mma(uint8_t* data, int64_t rows, int64_t row_bytes, uint8_t* scratch, cudaStream_t s);
 // H[slot, i] = swiglu(W1 x, W3 x) for slots of every tile; xq [rows, d] e4m3 codes, xs [d/128][ldxs];
 // packed: the weights are in pack_fp4_for_mma's layout.
 void mma_gateup(const DevWeight* tab, bool packed, const MoeTile* tiles, const int32_t* n_tiles, unsigned max_tiles,
@@ -61,6 +71,18 @@ void wgmma_gateup(int tile_tokens, const DevWeight* tab, const MoeTile* tiles, c
 void wgmma_down(int tile_tokens, const DevWeight* tab, const MoeTile* tiles, const int32_t* n_tiles,
                 unsigned max_tiles, const int32_t* slot_pair, const __nv_bfloat16* hb, int64_t h_rows, int64_t d,
                 int64_t I, float* Y, cudaStream_t s);
+
+// The FP8 wgmma decode kernels (moe_wgmma_decode.cu): mma_gateup / mma_down's contracts on packed
+// weights (tiles of <= kMmaTileTokens tokens, the mma-packed codes of act_quant_fp8), each
+// 32-group's products summed by the FP8 tensor core (not the mma.sync kernels' bits). Need
+// fp8_decode_ok: an sm_90 device, an arch-90a build, d and I multiples of 128.
+bool fp8_decode_ok(int64_t d, int64_t I);
+void fp8_decode_gateup(const DevWeight* tab, const MoeTile* tiles, const int32_t* n_tiles, unsigned max_tiles,
+                       const int32_t* slot_pair, int K, const uint8_t* xq, const float* xs, int64_t ldxs, int64_t d,
+                       int64_t I, float limit, float* H, cudaStream_t s);
+void fp8_decode_down(const DevWeight* tab, const MoeTile* tiles, const int32_t* n_tiles, unsigned max_tiles,
+                     const int32_t* slot_pair, const uint8_t* hq, const float* hs, int64_t ldhs, int64_t d, int64_t I,
+                     float* Y, cudaStream_t s);
 
 // h = silu(min(g, L)) * clamp(v, ±L) (limit <= 0: plain SwiGLU), every expert kernel's epilogue.
 __device__ __forceinline__ float swiglu_clamped(float g, float v, float limit) {

@@ -89,7 +89,9 @@ __device__ __forceinline__ void stage_block(Stage<NM, TOK>& st, const __nv_bfloa
 #pragma unroll
     for (int n = 0; n < kWeightCopies; ++n) {
       const int i = threadIdx.x + kThreads * n;
-      cp_async16(&st.w[m][i >> 2][16 * (i & 3)], w[m] + (i >> 2) * rb + kb * 64 + 16 * (i & 3));
+      const int r = i >> 2;  // row of the CTA: tile r / 64 of the CTA's two (packed_row_offset)
+      cp_async16(&st.w[m][r][16 * (i & 3)],
+                 w[m] + (r >> 6) * kPackTileRows * rb + (r & 63) * 64 + kb * kPackedBlockStride + 16 * (i & 3));
     }
     if (threadIdx.x < kCtaRows) cp_async4(&st.e[m][threadIdx.x], e[m] + threadIdx.x * sc + kb * 4);
   }
@@ -256,7 +258,7 @@ __global__ void __launch_bounds__(kWarpgroups * 128, 1)
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kCtaRows;
   const DevWeight &w1 = tab[3 * t.expert], &w3 = tab[3 * t.expert + 2];
   const int64_t rb = d / 2, sc = w1.scale_cols;
-  const uint8_t* const w[2] = {w1.data + r0 * rb, w3.data + r0 * rb};
+  const uint8_t* const w[2] = {w1.data + packed_row_offset(r0, rb), w3.data + packed_row_offset(r0, rb)};
   const uint8_t* const e[2] = {w1.scale + r0 * sc, w3.scale + r0 * sc};
   constexpr int ACC = TOK / 2;
   float acc[2][ACC];
@@ -285,7 +287,7 @@ __global__ void __launch_bounds__(kWarpgroups * 128, TOK == 64 ? 2 : 1)
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kCtaRows;
   const DevWeight& w2 = tab[3 * t.expert + 1];
   const int64_t rb = I / 2, sc = w2.scale_cols;
-  const uint8_t* const w[1] = {w2.data + r0 * rb};
+  const uint8_t* const w[1] = {w2.data + packed_row_offset(r0, rb)};
   const uint8_t* const e[1] = {w2.scale + r0 * sc};
   constexpr int ACC = TOK / 2;
   float acc[1][ACC];

@@ -200,6 +200,7 @@ TEST(CudaMoe, PackedExpertsMatchStoredLayout) {
       }
     };
     cuda::set_moe_wide_tiles(-1);
+    cuda::set_moe_decode_wgmma(-1);  // the FP8 wgmma tiles sum groups in the tensor core: other bits
     for (auto [rb, occ] : {std::pair{0, 2}, {1, 2}, {2, 2}, {4, 2}, {0, 3}, {1, 3}, {4, 3}}) {
       cuda::set_moe_mma_variant(rb, occ);
       expect_stored_bits(("rb=" + std::to_string(rb) + " occ=" + std::to_string(occ)).c_str());
@@ -208,6 +209,7 @@ TEST(CudaMoe, PackedExpertsMatchStoredLayout) {
     cuda::set_moe_wide_tiles(1);
     expect_stored_bits("64-token tiles");
     cuda::set_moe_wide_tiles(0);
+    cuda::set_moe_decode_wgmma(0);
     const Run& r = runs.front();
     cuda::DeviceBuffer dx = cuda::to_device(r.x), de = cuda::to_device(r.ids), dw = cuda::to_device(r.w);
     cuda::DeviceBuffer dout(static_cast<size_t>(r.R * d) * 4);
@@ -244,26 +246,91 @@ TEST(CudaMoe, SpecialScaleBytesDecodeExactly) {
   cuda::MoeRunner runner;
   ASSERT_TRUE(runner.pack_for_tensor_cores(ex.dev, nullptr));
   cuda::DeviceBuffer dx = cuda::to_device(x), de = cuda::to_device(experts), dw = cuda::to_device(weights);
-  cuda::DeviceBuffer dout(static_cast<size_t>(R * d) * 4);
-  dout.fill_bytes(0);
-  runner.run(ex.dev, dx.as<float>(), R, de.as<int32_t>(), dw.as<float>(), K, 10.f, dout.as<float>(),
-             cuda::Precision::Fast, nullptr);
-  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  const std::vector<float> got = cuda::to_host<float>(dout, static_cast<size_t>(R * d));
-  std::vector<float> g, r;
-  for (int64_t t = 0; t < R; ++t)
-    for (int64_t c = 0; c < d; ++c) {
-      const size_t i = static_cast<size_t>(t * d + c);
-      if (c == nan_row) {
-        EXPECT_TRUE(std::isnan(ref[i])) << "token " << t;  // the CPU twin decodes 0xFF as NaN
-        EXPECT_TRUE(std::isnan(got[i])) << "token " << t << ": " << got[i];
-        continue;
+  // The mma.sync kernels, then the FP8 wgmma ones where the device has them (default there).
+  for (int mode : {-1, 0}) {
+    SCOPED_TRACE(mode < 0 ? "mma.sync decode tiles" : "default decode tiles");
+    cuda::set_moe_decode_wgmma(mode);
+    cuda::DeviceBuffer dout(static_cast<size_t>(R * d) * 4);
+    dout.fill_bytes(0);
+    runner.run(ex.dev, dx.as<float>(), R, de.as<int32_t>(), dw.as<float>(), K, 10.f, dout.as<float>(),
+               cuda::Precision::Fast, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    cuda::set_moe_decode_wgmma(0);
+    const std::vector<float> got = cuda::to_host<float>(dout, static_cast<size_t>(R * d));
+    std::vector<float> g, r;
+    for (int64_t t = 0; t < R; ++t)
+      for (int64_t c = 0; c < d; ++c) {
+        const size_t i = static_cast<size_t>(t * d + c);
+        if (c == nan_row) {
+          EXPECT_TRUE(std::isnan(ref[i])) << "token " << t;  // the CPU twin decodes 0xFF as NaN
+          EXPECT_TRUE(std::isnan(got[i])) << "token " << t << ": " << got[i];
+          continue;
+        }
+        ASSERT_TRUE(std::isfinite(got[i])) << "token " << t << " channel " << c;
+        g.push_back(got[i]);
+        r.push_back(ref[i]);
       }
-      ASSERT_TRUE(std::isfinite(got[i])) << "token " << t << " channel " << c;
-      g.push_back(got[i]);
-      r.push_back(ref[i]);
+    EXPECT_LE(rel_error(g, r), 1e-2);
+  }
+}
+
+// 8-token tiles on FP8 wgmma (moe_wgmma_decode.cu): the mma.sync kernels' numbers up to the
+// tensor core's sum of each group's 32 products (the sums differ in low bits, and a few of the
+// FP8 codes of h round the other way), and the CPU formula. Outputs and scratch poisoned first;
+// at least one element differs from the mma.sync bits (the wgmma kernels ran, not a fallback).
+TEST(CudaMoe, Fp8WgmmaDecodeTilesMatchMmaSync) {
+  DSV4_REQUIRE_GPU();
+  if (!cuda::moe_wgmma_available()) GTEST_SKIP() << "FP8 wgmma decode tiles need an sm_90 device and an arch-90a build";
+  // 1280 / 1152: 10 and 9 128-blocks (uneven K slices of the two warpgroups); 4096 / 2048 with
+  // K = 6: V4-Flash's expert shape (CPU reference skipped there: seconds per token).
+  for (auto [E, d, I, K] : {std::array<int64_t, 4>{16, 256, 128, 4}, {8, 512, 384, 2}, {8, 1280, 1152, 2},
+                            {8, 4096, 2048, 6}}) {
+    Experts ex = make_experts(Kind::FP4, static_cast<int>(E), d, I);
+    cuda::MoeRunner runner;
+    ASSERT_TRUE(runner.pack_for_tensor_cores(ex.dev, nullptr));
+    runner.set_poison_scratch(true);
+    cuda::set_moe_wide_tiles(-1);
+    for (int64_t R : {1, 3, 8, 40}) {
+      if (d == 4096 && R > 8) continue;
+      const std::vector<float> x = randn(static_cast<size_t>(R * d), 0.5f);
+      std::vector<int32_t> ids;
+      std::vector<float> w;
+      route(R, K, static_cast<int>(E), ids, w);
+      cuda::DeviceBuffer dx = cuda::to_device(x), de = cuda::to_device(ids), dw = cuda::to_device(w);
+      auto run = [&](int mode) {
+        cuda::set_moe_decode_wgmma(mode);
+        cuda::DeviceBuffer dout(static_cast<size_t>(R * d) * 4);
+        dout.fill_bytes(0xFF);
+        runner.run(ex.dev, dx.as<float>(), R, de.as<int32_t>(), dw.as<float>(), K, 10.f, dout.as<float>(),
+                   cuda::Precision::Fast, nullptr, false);
+        EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        cuda::set_moe_decode_wgmma(0);
+        return cuda::to_host<float>(dout, static_cast<size_t>(R * d));
+      };
+      const std::vector<float> mma = run(-1), wg = run(1);
+      size_t diff = 0, bad = 0;
+      for (size_t i = 0; i < wg.size(); ++i) {
+        diff += wg[i] != mma[i];
+        bad += !std::isfinite(wg[i]);
+      }
+      const double vs_mma = rel_error(wg, mma);
+      double vs_cpu = 0, mma_cpu = 0;
+      if (d < 4096) {
+        std::vector<float> ref(static_cast<size_t>(R * d), 0.f);
+        cpu_moe(ex, x, R, ids, w, K, 10.f, true, ref);
+        vs_cpu = rel_error(wg, ref);
+        mma_cpu = rel_error(mma, ref);
+      }
+      std::printf("moe fp8 wgmma decode d=%lld I=%lld R=%lld: vs mma.sync %.2e, vs cpu %.2e (mma.sync vs cpu %.2e), "
+                  "%zu differ\n", (long long)d, (long long)I, (long long)R, vs_mma, vs_cpu, mma_cpu, diff);
+      EXPECT_EQ(bad, 0u) << "d=" << d << " R=" << R << ": unwritten or non-finite outputs";
+      // A misplaced row, token or K chunk is O(1); FP8 re-rounding of h moves ~1e-3.
+      EXPECT_LE(vs_mma, 1e-2) << "d=" << d << " I=" << I << " R=" << R;
+      EXPECT_LE(vs_cpu, std::max(1e-2, 2 * mma_cpu)) << "d=" << d << " I=" << I << " R=" << R;
+      EXPECT_GT(diff, 0u) << "d=" << d << " R=" << R << ": wgmma output bitwise equal to the mma.sync kernels";
     }
-  EXPECT_LE(rel_error(g, r), 1e-2);
+    cuda::set_moe_wide_tiles(0);
+  }
 }
 
 // 64-token tiles on wgmma (bf16 operands: the FP4 weights with their scales, the FP8-quantised
@@ -296,7 +363,9 @@ TEST(CudaMoe, WgmmaTilesMatchNarrowTiles) {
         cuda::set_moe_wide_tiles(0);
         return cuda::to_host<float>(dout, static_cast<size_t>(R * d));
       };
+      cuda::set_moe_decode_wgmma(-1);  // the mma.sync 8-token kernels: same products, fp32 sums
       const std::vector<float> narrow = run(-1);
+      cuda::set_moe_decode_wgmma(0);
       std::vector<float> ref(static_cast<size_t>(R * d), 0.f);
       cpu_moe(ex, x, R, ids, w, K, 10.f, true, ref);
       for (int mode : {2, 3}) {  // 64- and 128-token tiles
