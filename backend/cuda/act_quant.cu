@@ -42,14 +42,17 @@ __device__ __forceinline__ float load_block(const float* x, int64_t r, int64_t k
   return block_scale(v);
 }
 
-// Position of value kk (< 128) of a block: itself, or the mma-packed order (act_quant.h).
-__device__ __forceinline__ int block_pos(int kk, bool packed) {
-  return packed ? (kk & 31) / 8 * 32 + kk / 32 * 8 + (kk & 7) : kk;
+// Position of value kk (< 128) of a block in order 0 (stored), 1 (mma-packed) or 2 (wgmma B;
+// act_quant.h).
+__device__ __forceinline__ int block_pos(int kk, int order) {
+  if (order == 1) return (kk & 31) / 8 * 32 + kk / 32 * 8 + (kk & 7);
+  if (order == 2) return (kk & ~31) + (kk & 1) * 16 + ((kk >> 3) & 3) * 4 + ((kk >> 1) & 3);
+  return kk;
 }
 
 __global__ void quant_kernel(const float* __restrict__ x, int64_t rows, int64_t in, int64_t ldx, int64_t rows_pad,
                              uint8_t* __restrict__ q, int64_t ldq, float* __restrict__ scales, int64_t kblocks,
-                             bool packed) {
+                             int order) {
   detail::pdl_trigger();  // the GEMV / expert kernel after this one may start pulling its weights
   const int64_t id = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
   if (id >= rows_pad * kblocks) return;
@@ -68,7 +71,7 @@ __global__ void quant_kernel(const float* __restrict__ x, int64_t rows, int64_t 
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     const int64_t k = kb * 128 + lane + 32 * j;
-    if (k < in) q[r * ldq + kb * 128 + block_pos(lane + 32 * j, packed)] = to_e4m3(v[j] / s);
+    if (k < in) q[r * ldq + kb * 128 + block_pos(lane + 32 * j, order)] = to_e4m3(v[j] / s);
   }
   if (lane == 0) scales[kb * rows_pad + r] = s;
 }
@@ -156,7 +159,16 @@ void act_quant_fp8(const float* x, int64_t rows, int64_t in, int64_t ldx, int64_
   const int64_t kb = (in + 127) / 128;
   if (rows_pad * kb == 0) return;
   quant_kernel<<<blocks_for(rows_pad * kb), kWarps * 32, 0, s>>>(x, rows, in, ldx, rows_pad, q, ldq, scales, kb,
-                                                                 mma_packed);
+                                                                 mma_packed ? 1 : 0);
+  DSV4_CUDA_LAUNCH_CHECK();
+}
+
+void act_quant_fp8_wgmma_b(const float* x, int64_t rows, int64_t in, int64_t ldx, uint8_t* q, int64_t ldq,
+                           float* scales, cudaStream_t s) {
+  DSV4_CHECK(in % 128 == 0, "act_quant_fp8_wgmma_b: needs whole 128-blocks");
+  const int64_t kb = in / 128;
+  if (rows * kb == 0) return;
+  quant_kernel<<<blocks_for(rows * kb), kWarps * 32, 0, s>>>(x, rows, in, ldx, rows, q, ldq, scales, kb, 2);
   DSV4_CUDA_LAUNCH_CHECK();
 }
 

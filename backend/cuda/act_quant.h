@@ -18,6 +18,12 @@ namespace dsv4::cuda {
 void act_quant_fp8(const float* x, int64_t rows, int64_t in, int64_t ldx, int64_t rows_pad, uint8_t* q, int64_t ldq,
                    float* scales, cudaStream_t s, bool mma_packed = false);
 
+// act_quant_fp8 (rows_pad = rows) in the B-operand order of the FP8 wgmma expert kernels
+// (moe_wgmma_fp8.cu): value 32j + 8q + 2i + h of a block at 32j + 16h + 4q + i, so that each
+// 16-byte chunk is one row of a K-major core matrix. in % 128 == 0.
+void act_quant_fp8_wgmma_b(const float* x, int64_t rows, int64_t in, int64_t ldx, uint8_t* q, int64_t ldq,
+                           float* scales, cudaStream_t s);
+
 // act_quant_fp8 (rows_pad = rows, stored order) of x after the inverse RoPE, which is also stored
 // back into x: x ends as rope(..., inverse = true) leaves it, the codes and scales as
 // act_quant_fp8 of that, bit for bit. One launch where the output projection's input took two.

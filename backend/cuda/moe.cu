@@ -325,13 +325,18 @@ void combine(const float* Y, const int32_t* experts, const float* weights, int64
 }
 
 int g_wide_mode = 0;  // set_moe_wide_tiles
+// The by-size rule's wgmma tiles: FP8 (moe_wgmma_fp8_wide.cu) with DSV4_MOE_PREFILL_FP8=1, else bf16.
+const bool g_prefill_fp8 = [] {
+  const char* env = std::getenv("DSV4_MOE_PREFILL_FP8");
+  return env && env[0] == '1';
+}();
 
 // Wide tiles on wgmma (moe_wgmma.cu) where the device and build have it, unless mode 1 asks
 // for the mma.sync ones.
 bool wgmma_tiles() {
   static const bool available = wgmma_available();
   DSV4_CHECK(g_wide_mode < 2 || available,
-             "MoeRunner: wgmma expert tiles asked for (set_moe_wide_tiles(2 or 3)) but unavailable: they need an "
+             "MoeRunner: wgmma expert tiles asked for (set_moe_wide_tiles(2, 3 or 4)) but unavailable: they need an "
              "sm_90 device and a build for CUDA arch 90a");
   return available && g_wide_mode != 1;
 }
@@ -344,9 +349,10 @@ bool wide_tiles(int64_t pairs, int E) {
   return pairs >= static_cast<int64_t>(wgmma_tiles() ? kMoeWgmmaMinTokens : kMoeWideMinTokens) * E;
 }
 
-// Tokens per wgmma tile: 128 from an average of kMoeWgmma128MinTokens per expert.
+// Tokens per wgmma tile: 128 from an average of kMoeWgmma128MinTokens per expert (bf16 tiles).
 int wgmma_tile_tokens(int64_t pairs, int E) {
   if (g_wide_mode >= 2) return g_wide_mode == 3 ? 128 : 64;
+  if (g_prefill_fp8) return kMoeFp8WideTokens;
   return pairs >= static_cast<int64_t>(kMoeWgmma128MinTokens) * E ? 128 : 64;
 }
 
@@ -417,9 +423,9 @@ void set_moe_decode_wgmma(int mode) {
 }
 
 void set_moe_wide_tiles(int mode) {
-  DSV4_CHECK(mode >= -1 && mode <= 3,
+  DSV4_CHECK(mode >= -1 && mode <= 4,
              "set_moe_wide_tiles: -1 (8-token tiles), 0 (by size), 1 (64-token mma.sync tiles), 2 / 3 (64- / "
-             "128-token wgmma tiles)");
+             "128-token wgmma tiles), 4 (64-token FP8 wgmma tiles)");
   g_wide_mode = mode;
 }
 
@@ -512,7 +518,9 @@ void MoeRunner::run(const ExpertSet& set, const float* x, int64_t R, const int32
   }
   const bool wide = mma && tb.packed && wide_tiles(pairs, E);
   const bool wgmma = wide && wgmma_tiles();
-  const int T = wgmma ? wgmma_tile_tokens(pairs, E)
+  const bool fp8_wide = wgmma && (g_wide_mode == 4 || (g_wide_mode == 0 && g_prefill_fp8));
+  const int T = fp8_wide ? kMoeFp8WideTokens
+                : wgmma ? wgmma_tile_tokens(pairs, E)
                 : wide ? kMmaWideTokens
                 : mma  ? kMmaTileTokens
                 : gemv ? kGemvTile
@@ -539,6 +547,20 @@ void MoeRunner::run(const ExpertSet& set, const float* x, int64_t R, const int32
   group_kernel<<<1, 1024, 0, s>>>(experts, static_cast<int>(pairs), E, T, sp, tiles, nt);
   DSV4_CUDA_LAUNCH_CHECK();
 
+  if (fp8_wide) {
+    grow(m.xq8, R * d);
+    grow(m.xsc, d / 128 * R * sizeof(float));
+    grow(m.hq8, pairs * I);
+    grow(m.hsc, I / 128 * pairs * sizeof(float));
+    uint8_t *xq = m.xq8.as<uint8_t>(), *hq = m.hq8.as<uint8_t>();
+    float *xs = m.xsc.as<float>(), *hs = m.hsc.as<float>();
+    act_quant_fp8_wgmma_b(x, R, d, d, xq, d, xs, s);
+    fp8_wide_gateup(tab, tiles, nt, max_tiles, sp, static_cast<int>(K), xq, xs, R, R, d, I, limit, H, s);
+    act_quant_fp8_wgmma_b(H, pairs, I, I, hq, I, hs, s);
+    fp8_wide_down(tab, tiles, nt, max_tiles, sp, hq, hs, pairs, pairs, d, I, Y, s);
+    combine(Y, experts, weights, R, static_cast<int>(K), E, d, accumulate, out, s);
+    return;
+  }
   if (wgmma) {
     grow(m.xb, R * d * sizeof(__nv_bfloat16));
     grow(m.hb, pairs * I * sizeof(__nv_bfloat16));

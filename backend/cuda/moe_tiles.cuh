@@ -84,6 +84,17 @@ void fp8_decode_down(const DevWeight* tab, const MoeTile* tiles, const int32_t* 
                      const int32_t* slot_pair, const uint8_t* hq, const float* hs, int64_t ldhs, int64_t d, int64_t I,
                      float* Y, cudaStream_t s);
 
+// The FP8 wgmma prefill kernels (moe_wgmma_fp8_wide.cu): tiles of <= kMoeFp8WideTokens tokens on
+// packed weights, the codes of act_quant_fp8_wgmma_b (xq [x_rows, d], xs [d/128][ldxs]; hq
+// [h_rows, I]); each 32-group's products summed by the FP8 tensor core. Need wgmma_available().
+constexpr int kMoeFp8WideTokens = 64;
+void fp8_wide_gateup(const DevWeight* tab, const MoeTile* tiles, const int32_t* n_tiles, unsigned max_tiles,
+                     const int32_t* slot_pair, int K, const uint8_t* xq, const float* xs, int64_t ldxs, int64_t x_rows,
+                     int64_t d, int64_t I, float limit, float* H, cudaStream_t s);
+void fp8_wide_down(const DevWeight* tab, const MoeTile* tiles, const int32_t* n_tiles, unsigned max_tiles,
+                   const int32_t* slot_pair, const uint8_t* hq, const float* hs, int64_t ldhs, int64_t h_rows, int64_t d,
+                   int64_t I, float* Y, cudaStream_t s);
+
 // h = silu(min(g, L)) * clamp(v, ±L) (limit <= 0: plain SwiGLU), every expert kernel's epilogue.
 __device__ __forceinline__ float swiglu_clamped(float g, float v, float limit) {
   if (limit > 0.f) {

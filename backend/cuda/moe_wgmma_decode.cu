@@ -26,6 +26,7 @@
 #include "backend/cuda/device.h"
 #include "backend/cuda/moe_mma_block.cuh"
 #include "backend/cuda/moe_tiles.cuh"
+#include "backend/cuda/moe_wgmma_fp8.cuh"
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/wgmma.cuh"
 
@@ -47,37 +48,6 @@ size_t smem_bytes(int nm, int64_t nkb) {
 }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-
-// One 128-block of the thread's rows g / g + 8 for NM weights: 16 bytes of packed FP4 per row
-// (word j = group j's values 8q .. 8q + 7) and the rows' E8M0 words (byte j = group j).
-template <int NM>
-struct WBlock {
-  uint4 a[NM], b[NM];
-  uint32_t ea[NM], eb[NM];
-};
-
-__device__ __forceinline__ uint32_t word_of(const uint4& v, int j) { return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w; }
-
-// pa[m]: the thread's 16 bytes of block 0 of row g (packed_row_offset); row g + 8 is
-// kPackedPlus8Rows further, block kb kb * kPackedBlockStride further.
-template <int NM>
-__device__ __forceinline__ void load_block(WBlock<NM>& o, const uint8_t* const (&pa)[NM], const uint8_t* const (&sa)[NM],
-                                           int64_t sc, int64_t kb) {
-#pragma unroll
-  for (int m = 0; m < NM; ++m) {
-    o.a[m] = __ldg(reinterpret_cast<const uint4*>(pa[m] + kb * kPackedBlockStride));
-    o.b[m] = __ldg(reinterpret_cast<const uint4*>(pa[m] + kPackedPlus8Rows + kb * kPackedBlockStride));
-    o.ea[m] = __ldg(reinterpret_cast<const uint32_t*>(sa[m] + kb * 4));
-    o.eb[m] = __ldg(reinterpret_cast<const uint32_t*>(sa[m] + 8 * sc + kb * 4));
-  }
-}
-
-// Group j's scale from an E8M0 word: the exponent-field move, or e8m0_dev where a byte of the
-// thread's words is 0x00 / 0xFF (no warp-wide instruction depends on the choice here).
-__device__ __forceinline__ float group_scale(uint32_t word, int j, bool special) {
-  if (__builtin_expect(special, 0)) return e8m0_dev(static_cast<uint8_t>(word >> (8 * j)));
-  return j == 0 ? e8m0_plain<0>(word) : j == 1 ? e8m0_plain<1>(word) : j == 2 ? e8m0_plain<2>(word) : e8m0_plain<3>(word);
-}
 
 // acc[m][i] += (Σ_j wgmma_j · group scale_j) · activation scale of block kb (unscaled by 2^6).
 template <int NM>

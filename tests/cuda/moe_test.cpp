@@ -333,9 +333,10 @@ TEST(CudaMoe, Fp8WgmmaDecodeTilesMatchMmaSync) {
   }
 }
 
-// 64-token tiles on wgmma (bf16 operands: the FP4 weights with their scales, the FP8-quantised
-// activations, both exact): the 8-token kernels' numbers up to the order of fp32 sums, and the
-// CPU formula. Outputs poisoned first (accumulate = false must write every element); at least
+// 64- and 128-token tiles on wgmma (bf16 operands: the FP4 weights with their scales, the
+// FP8-quantised activations, both exact): the 8-token kernels' numbers up to the order of fp32
+// sums, and the CPU formula; 64-token FP8 wgmma tiles: the same up to the FP8 tensor core's group
+// sums. Outputs poisoned first (accumulate = false must write every element); at least
 // one element differs from the 8-token bits (the wgmma kernels ran, not a fallback).
 TEST(CudaMoe, WgmmaTilesMatchNarrowTiles) {
   DSV4_REQUIRE_GPU();
@@ -368,7 +369,7 @@ TEST(CudaMoe, WgmmaTilesMatchNarrowTiles) {
       cuda::set_moe_decode_wgmma(0);
       std::vector<float> ref(static_cast<size_t>(R * d), 0.f);
       cpu_moe(ex, x, R, ids, w, K, 10.f, true, ref);
-      for (int mode : {2, 3}) {  // 64- and 128-token tiles
+      for (int mode : {2, 3, 4}) {  // 64- and 128-token bf16 tiles, 64-token FP8 tiles
       const std::vector<float> wg = run(mode);
       size_t diff = 0, bad = 0;
       for (size_t i = 0; i < wg.size(); ++i) {
@@ -376,12 +377,13 @@ TEST(CudaMoe, WgmmaTilesMatchNarrowTiles) {
         bad += !std::isfinite(wg[i]);
       }
       const double vs_narrow = rel_error(wg, narrow), vs_cpu = rel_error(wg, ref), narrow_cpu = rel_error(narrow, ref);
-      std::printf("moe wgmma %d-token tiles d=%lld I=%lld R=%lld: vs 8-token %.2e, vs cpu %.2e (8-token vs cpu %.2e), "
-                  "%zu differ\n", mode == 3 ? 128 : 64, (long long)d, (long long)I, (long long)R, vs_narrow, vs_cpu,
-                  narrow_cpu, diff);
+      std::printf("moe wgmma %d-token %s tiles d=%lld I=%lld R=%lld: vs 8-token %.2e, vs cpu %.2e (8-token vs cpu "
+                  "%.2e), %zu differ\n", mode == 3 ? 128 : 64, mode == 4 ? "fp8" : "bf16", (long long)d, (long long)I,
+                  (long long)R, vs_narrow, vs_cpu, narrow_cpu, diff);
       EXPECT_EQ(bad, 0u) << "d=" << d << " R=" << R << ": unwritten or non-finite outputs";
-      // fp32 sums in another order: ~1e-7 (2026-12-04); one misplaced row or K chunk is >1e-2.
-      EXPECT_LE(vs_narrow, 1e-4) << "d=" << d << " I=" << I << " R=" << R;
+      // bf16: fp32 sums in another order, ~1e-7 (2026-12-04). FP8: the tensor core's group sums and
+      // the FP8 re-rounding of h, ~1e-3 (as the FP8 decode tiles). One misplaced row or K chunk is O(1).
+      EXPECT_LE(vs_narrow, mode == 4 ? 1e-2 : 1e-4) << "d=" << d << " I=" << I << " R=" << R << " mode " << mode;
       EXPECT_LE(vs_cpu, std::max(1e-2, 2 * narrow_cpu)) << "d=" << d << " I=" << I << " R=" << R;
       EXPECT_GT(diff, 0u) << "d=" << d << " R=" << R << ": wgmma output bitwise equal to the 8-token kernels";
       }
