@@ -312,11 +312,12 @@ fi
 
 if [[ "$MODE" == moe-profile ]]; then
   # bench_linear moe, packed experts (the layout a Fast model runs): per token count and kernel
-  # variant (default, rb1, rb4, occ2) 28 calls of (gateup, down); skip three warm-up calls of the
-  # default. 1 token: launches 6-7; 64 tokens: after 2 token counts x 4 variants x 28 calls.
+  # variant (default FP8 wgmma, mma.sync, mma.sync rb1, mma.sync occ2) 28 calls of (gateup,
+  # down); skip three warm-up calls of the default. 1 token: launches 6-7; 64 tokens: after 2
+  # token counts x 4 variants x 28 calls.
   for case in "1tok 6" "64tok 454"; do
     set -- $case
-    timeout 150 ncu --kernel-name-base demangled --kernel-name regex:"mma_kernel<.*\(bool\)1" \
+    timeout 150 ncu --kernel-name-base demangled --kernel-name regex:"_fp8_kernel|mma_kernel<.*\(bool\)1" \
       --launch-skip "$2" --launch-count 2 \
       --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
       --section LaunchStats --section SchedulerStats "$BUILD/bench/bench_linear" moe >"$LOG/ncu-moe-$1.txt" 2>&1
