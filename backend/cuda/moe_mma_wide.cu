@@ -20,6 +20,7 @@
 #include "backend/cuda/check.h"
 #include "backend/cuda/cp_async.cuh"
 #include "backend/cuda/mma_e4m3.cuh"
+#include "backend/cuda/moe_packed_fragments.cuh"
 #include "backend/cuda/moe_tiles.cuh"
 
 namespace dsv4::cuda::detail {
@@ -59,30 +60,10 @@ __device__ __forceinline__ void stage_block(ActStage& st, const WideOperand& x, 
   cp_async_commit();
 }
 
-// One warp's raw weight fragments of a 128-block: rows g and g+8, the thread's 16 bytes of each
-// (packed layout) and the E8M0 bytes of the block's 4 groups.
-template <int NM>
-struct WeightBlock {
-  uint4 a[NM], b[NM];
-  uint32_t ea[NM], eb[NM];
-};
-
-template <int NM>
-__device__ __forceinline__ void load_weights(WeightBlock<NM>& w, const uint8_t* const (&pa)[NM],
-                                             const uint8_t* const (&sa)[NM], int64_t rb, int64_t sc, int64_t kb) {
-#pragma unroll
-  for (int m = 0; m < NM; ++m) {
-    w.a[m] = __ldg(reinterpret_cast<const uint4*>(pa[m] + kb * kPackedBlockStride));
-    w.b[m] = __ldg(reinterpret_cast<const uint4*>(pa[m] + kPackedPlus8Rows + kb * kPackedBlockStride));
-    w.ea[m] = __ldg(reinterpret_cast<const uint32_t*>(sa[m] + kb * 4));
-    w.eb[m] = __ldg(reinterpret_cast<const uint32_t*>(sa[m] + 8 * sc + kb * 4));
-  }
-}
-
 // acc[m][n] += this 128-block's products for weight m and column group n (the arithmetic of
 // rows_times_tile, term for term).
 template <int NM>
-__device__ __forceinline__ void block_products(const WeightBlock<NM>& w, const ActStage& st, int groups,
+__device__ __forceinline__ void block_products(const WBlock<NM>& w, const ActStage& st, int groups,
                                                float (&acc)[NM][kGroups][4]) {
   const int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
   uint32_t ae[NM][4], ao[NM][4], be[NM][4], bo[NM][4];
@@ -148,10 +129,10 @@ __device__ __forceinline__ void wide_rows_times_tile(const DevWeight* const (&w)
     sa[m] = w[m]->scale + (r0 + g) * sc;
   }
   const int groups = (count + 7) / 8;  // CTA-uniform
-  WeightBlock<NM> cur, next;
+  WBlock<NM> cur, next;
   if (nkb > 0) {
     stage_block(stages[0], x, col_row, groups, 0);
-    load_weights(cur, pa, sa, rb, sc, 0);
+    load_block(cur, pa, sa, sc, 0);
   }
   int64_t kb = 0;
   for (int slice = 0; slice < kMmaKSlices; ++slice) {
@@ -169,7 +150,7 @@ __device__ __forceinline__ void wide_rows_times_tile(const DevWeight* const (&w)
       const bool more = kb + 1 < nkb;
       if (more) {
         stage_block(stages[(kb + 1) & 1], x, col_row, groups, kb + 1);
-        load_weights(next, pa, sa, rb, sc, kb + 1);
+        load_block(next, pa, sa, sc, kb + 1);
         cp_async_wait<1>();
       } else {
         cp_async_wait<0>();

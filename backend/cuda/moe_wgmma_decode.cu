@@ -26,7 +26,7 @@
 #include "backend/cuda/device.h"
 #include "backend/cuda/moe_mma_block.cuh"
 #include "backend/cuda/moe_tiles.cuh"
-#include "backend/cuda/moe_wgmma_fp8.cuh"
+#include "backend/cuda/moe_packed_fragments.cuh"
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/wgmma.cuh"
 

@@ -19,7 +19,7 @@
 #include "backend/cuda/cp_async.cuh"
 #include "backend/cuda/device.h"
 #include "backend/cuda/moe_tiles.cuh"
-#include "backend/cuda/moe_wgmma_fp8.cuh"
+#include "backend/cuda/moe_packed_fragments.cuh"
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/wgmma.cuh"
 

@@ -110,6 +110,34 @@ double run_moe(const Experts& ex, int64_t R, int64_t K, float limit, cuda::Preci
   return rel_error(dg, dr);
 }
 
+// One random routing of R tokens to K of E experts, on the host and the device.
+struct Routing {
+  std::vector<float> x, w;
+  std::vector<int32_t> ids;
+  cuda::DeviceBuffer dx, de, dw;
+};
+Routing make_routing(int64_t R, int64_t d, int64_t K, int E) {
+  Routing rt;
+  rt.x = randn(static_cast<size_t>(R * d), 0.5f);
+  route(R, K, E, rt.ids, rt.w);
+  rt.dx = cuda::to_device(rt.x);
+  rt.de = cuda::to_device(rt.ids);
+  rt.dw = cuda::to_device(rt.w);
+  return rt;
+}
+
+// runner.run (Fast, accumulate = false) into an output poisoned with NaN bytes: every element
+// must be written.
+std::vector<float> run_poisoned(cuda::MoeRunner& runner, const Experts& ex, const Routing& rt, int64_t R, int64_t K) {
+  const int64_t d = ex.dev.d;
+  cuda::DeviceBuffer dout(static_cast<size_t>(R * d) * 4);
+  dout.fill_bytes(0xFF);
+  runner.run(ex.dev, rt.dx.as<float>(), R, rt.de.as<int32_t>(), rt.dw.as<float>(), K, 10.f, dout.as<float>(),
+             cuda::Precision::Fast, nullptr, false);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  return cuda::to_host<float>(dout, static_cast<size_t>(R * d));
+}
+
 struct MoeCase {
   Kind kind;
   int E;
@@ -292,20 +320,12 @@ TEST(CudaMoe, Fp8WgmmaDecodeTilesMatchMmaSync) {
     cuda::set_moe_wide_tiles(-1);
     for (int64_t R : {1, 3, 8, 40}) {
       if (d == 4096 && R > 8) continue;
-      const std::vector<float> x = randn(static_cast<size_t>(R * d), 0.5f);
-      std::vector<int32_t> ids;
-      std::vector<float> w;
-      route(R, K, static_cast<int>(E), ids, w);
-      cuda::DeviceBuffer dx = cuda::to_device(x), de = cuda::to_device(ids), dw = cuda::to_device(w);
+      const Routing rt = make_routing(R, d, K, static_cast<int>(E));
       auto run = [&](int mode) {
         cuda::set_moe_decode_wgmma(mode);
-        cuda::DeviceBuffer dout(static_cast<size_t>(R * d) * 4);
-        dout.fill_bytes(0xFF);
-        runner.run(ex.dev, dx.as<float>(), R, de.as<int32_t>(), dw.as<float>(), K, 10.f, dout.as<float>(),
-                   cuda::Precision::Fast, nullptr, false);
-        EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        std::vector<float> out = run_poisoned(runner, ex, rt, R, K);
         cuda::set_moe_decode_wgmma(0);
-        return cuda::to_host<float>(dout, static_cast<size_t>(R * d));
+        return out;
       };
       const std::vector<float> mma = run(-1), wg = run(1);
       size_t diff = 0, bad = 0;
@@ -317,7 +337,7 @@ TEST(CudaMoe, Fp8WgmmaDecodeTilesMatchMmaSync) {
       double vs_cpu = 0, mma_cpu = 0;
       if (d < 4096) {
         std::vector<float> ref(static_cast<size_t>(R * d), 0.f);
-        cpu_moe(ex, x, R, ids, w, K, 10.f, true, ref);
+        cpu_moe(ex, rt.x, R, rt.ids, rt.w, K, 10.f, true, ref);
         vs_cpu = rel_error(wg, ref);
         mma_cpu = rel_error(mma, ref);
       }
@@ -349,26 +369,18 @@ TEST(CudaMoe, WgmmaTilesMatchNarrowTiles) {
     cuda::MoeRunner runner;
     ASSERT_TRUE(runner.pack_for_tensor_cores(ex.dev, nullptr));
     for (int64_t R : {5, 300, 700}) {
-      const std::vector<float> x = randn(static_cast<size_t>(R * d), 0.5f);
-      std::vector<int32_t> ids;
-      std::vector<float> w;
-      route(R, K, static_cast<int>(E), ids, w);
-      cuda::DeviceBuffer dx = cuda::to_device(x), de = cuda::to_device(ids), dw = cuda::to_device(w);
+      const Routing rt = make_routing(R, d, K, static_cast<int>(E));
       auto run = [&](int mode) {
         cuda::set_moe_wide_tiles(mode);
-        cuda::DeviceBuffer dout(static_cast<size_t>(R * d) * 4);
-        dout.fill_bytes(0xFF);
-        runner.run(ex.dev, dx.as<float>(), R, de.as<int32_t>(), dw.as<float>(), K, 10.f, dout.as<float>(),
-                   cuda::Precision::Fast, nullptr, false);
-        EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        std::vector<float> out = run_poisoned(runner, ex, rt, R, K);
         cuda::set_moe_wide_tiles(0);
-        return cuda::to_host<float>(dout, static_cast<size_t>(R * d));
+        return out;
       };
       cuda::set_moe_decode_wgmma(-1);  // the mma.sync 8-token kernels: same products, fp32 sums
       const std::vector<float> narrow = run(-1);
       cuda::set_moe_decode_wgmma(0);
       std::vector<float> ref(static_cast<size_t>(R * d), 0.f);
-      cpu_moe(ex, x, R, ids, w, K, 10.f, true, ref);
+      cpu_moe(ex, rt.x, R, rt.ids, rt.w, K, 10.f, true, ref);
       for (int mode : {2, 3, 4}) {  // 64- and 128-token bf16 tiles, 64-token FP8 tiles
       const std::vector<float> wg = run(mode);
       size_t diff = 0, bad = 0;

@@ -1,7 +1,7 @@
-// What the FP8 wgmma expert kernels share (moe_wgmma_decode.cu, moe_wgmma_fp8_wide.cu): the
-// thread's weight fragments of one 128-block in the tiled packed layout (pack_fp4_for_mma), read
-// straight into registers, and the E8M0 group scales. Only .cu files include this; the device
-// functions are for sm_90a code.
+// What the expert kernels on the packed layout share (moe_mma_wide.cu, moe_wgmma_decode.cu,
+// moe_wgmma_fp8_wide.cu): the thread's weight fragments of one 128-block in the tiled packed
+// layout (pack_fp4_for_mma), read straight into registers, and the E8M0 group scales. Only .cu
+// files include this.
 #pragma once
 #include <cuda_runtime.h>
 
