@@ -14,6 +14,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/gemv_fp8_mma.h"
@@ -28,10 +29,10 @@ template <int RT, int KS, int NB>
 __global__ void __launch_bounds__(RT * KS * 32)
     fp8_mma_gemv_kernel(DevWeight w, const uint8_t* __restrict__ xq, int64_t ldq, const float* __restrict__ xs,
                         int64_t ldxs, int rows, float* __restrict__ y, int64_t row_begin, int64_t n, int64_t ldy,
-                        int64_t grp_rows, int64_t grp_x) {
+                        int64_t grp_rows, int64_t grp_x, bool prefetch) {
   __shared__ float red[RT][KS][NB * 4][32];
   pdl_trigger();  // a GEMV on the same activations right after this one may start its prefetch
-  {  // the CTA's weight rows into L2 while the activations are still being quantised (pdl.cuh)
+  if (prefetch) {  // the CTA's weight rows into L2 while the activations are still being quantised (pdl.cuh)
     const int64_t first = static_cast<int64_t>(blockIdx.x) * RT * 16, count = min(int64_t(RT * 16), n - first);
     prefetch_l2(w.data + (row_begin + first) * w.in, count * w.in);
   }
@@ -118,9 +119,15 @@ int k_slices(int64_t tiles, int64_t nkb) {
 template <int RT, int KS, int NB>
 void launch(const DevWeight& w, const uint8_t* xq, int64_t ldq, const float* xs, int64_t ldxs, int rows, float* y,
             int64_t row_begin, int64_t n, int64_t ldy, int64_t grp_rows, int64_t grp_x, cudaStream_t s) {
+  // DSV4_GEMV_PREFETCH=0: no L2 prefetch of the CTA's rows (an A/B switch: the expert kernels'
+  // row prefetch outran L2 and read 1.4x their bytes from DRAM, bench/NOTES.md step 10).
+  static const bool prefetch = [] {
+    const char* env = std::getenv("DSV4_GEMV_PREFETCH");
+    return !(env && env[0] == '0');
+  }();
   const unsigned ctas = static_cast<unsigned>(ceil_div(n / 16, int64_t(RT)));
   launch_dependent(fp8_mma_gemv_kernel<RT, KS, NB>, dim3(ctas), dim3(RT * KS * 32), 0, s, w, xq, ldq, xs, ldxs, rows, y,
-                   row_begin, n, ldy, grp_rows, grp_x);
+                   row_begin, n, ldy, grp_rows, grp_x, prefetch);
 }
 
 }  // namespace
