@@ -26,6 +26,7 @@
 # skip the profile / step. TARGETS="a b": build only those (any mode). E2E_AB (any mode): see e2e_ab.
 # A PREBUILT archive holding bench/bench_ops_base (bench_ops of a baseline commit): dev runs it first.
 # INDEXER_PROF=1 (dev): nsys kernel sums and ncu sections of the indexer top-k at 262144 entries.
+# FP8_PROF=1 (dev): ncu sections and stall sampling of the FP8 wgmma expert kernels.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 MODE="${1:-all}"
@@ -185,6 +186,22 @@ if [[ "$MODE" == dev ]]; then
     cp "$LOG"/b1_cuda_gpu_kern_sum.csv "$OUT/" 2>/dev/null
     save
   fi
+fi
+
+if [[ "$MODE" == dev && "${FP8_PROF:-0}" == 1 ]]; then
+  # ncu sections of the FP8 wgmma expert kernels: the decode tiles' gate/up at 8 tokens, and the
+  # prefill tiles' (DSV4_MOE_PREFILL_FP8=1 makes them the by-size default) at 4096 tokens, with
+  # the stall sampling by source line (why they ran 5x below the instruction-count estimate).
+  for case in "decode 8 gateup_fp8_kernel 3" "wide 4096 gateup_fp8_wide_kernel 2"; do
+    set -- $case
+    DSV4_MOE_PREFILL_FP8=1 BENCH_MOE_TOKENS=$2 timeout 200 ncu --kernel-name regex:"$3" --launch-skip "$4" \
+      --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
+      --section SchedulerStats --section Occupancy --section SourceCounters "$BUILD/bench/bench_linear" moe \
+      >"$LOG/ncu-fp8-$1.txt" 2>&1
+    summary+=("ncu fp8 $1: rc=$?")
+    cp "$LOG/ncu-fp8-$1.txt" "$OUT/" 2>/dev/null
+  done
+  save
 fi
 
 if [[ "$MODE" == step || "$MODE" == quick || ( "$MODE" == dev && "${STEP:-1}" == 1 ) || "$MODE" == verify || "$MODE" == final ]]; then
