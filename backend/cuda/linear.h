@@ -47,7 +47,8 @@ class FastLinear {
     int64_t ldy;
   };
   void run_shared_input(std::initializer_list<Output> outs, const float* x, int64_t rows, int64_t ldx, cudaStream_t s);
-  // linear_exact_grouped's contract with this class's numerics (per-group run() on big batches).
+  // linear_exact_grouped's contract with this class's numerics (FP8 weights on big batches: one
+  // quantisation of all groups, then one grouped GEMM, or one GEMM per group).
   void run_grouped(const WeightView& w, int64_t groups, const float* x, int64_t rows, float* y, int64_t ldx,
                    int64_t ldy, cudaStream_t s);
   // run_grouped on x after the inverse RoPE (the attention output into wo_a), which is done in
@@ -69,6 +70,11 @@ class FastLinear {
   void set_mma_gemv(bool on) { mma_gemv_ = on; }
   static constexpr int64_t kDefaultWideMmaMaxBytes = 16ll << 20;
   void set_wide_mma_max_bytes(int64_t b);
+  // FP8 weights past the GEMV sizes: 0 = grouped ones on the wgmma grouped GEMM
+  // (gemm_fp8_grouped.h, sm_90a) up to 512 rows, plain ones on cuBLASLt; 1 = the wgmma GEMM for
+  // plain ones too (whole weights, any rows); -1 = cuBLASLt for both (one GEMM per group).
+  // DSV4_FP8_GEMM sets the start.
+  void set_fp8_gemm(int mode);
   // Per-weight data (expanded FP8 scales) is cached by device address: call this when weights
   // are freed or replaced, so a new weight at a reused address is not served stale scales.
   void forget_weights();
@@ -78,6 +84,7 @@ class FastLinear {
   std::unique_ptr<Impl> impl_;
   int gemv_max_rows_ = kDefaultGemvMaxRows;
   bool mma_gemv_ = true;
+  int fp8_gemm_ = 0;
 };
 
 }  // namespace dsv4::cuda

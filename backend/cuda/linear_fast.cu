@@ -11,6 +11,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <map>
 #include <string>
 #include <tuple>
@@ -18,6 +19,7 @@
 #include "backend/cuda/act_quant.h"
 #include "backend/cuda/check.h"
 #include "backend/cuda/device.h"
+#include "backend/cuda/gemm_fp8_grouped.h"
 #include "backend/cuda/gemv_fp8_mma.h"
 #include "backend/cuda/linear.h"
 #include "backend/cuda/linear_kernels.cuh"
@@ -27,6 +29,9 @@ namespace dsv4::cuda {
 namespace {
 
 constexpr size_t kWorkspace = 32ull << 20;
+// Grouped FP8 weights take the wgmma grouped GEMM up to this many rows; past it cuBLASLt per group
+// (wo_a, bench_linear on an H100: 256 rows 70 vs 99 us, 4096 rows 866 vs 567 us).
+constexpr int64_t kOwnGroupedMaxRows = 512;
 
 void grow(DeviceBuffer& b, size_t bytes) { grow_scratch(b, bytes); }
 
@@ -79,7 +84,7 @@ struct FastLinear::Impl {
   DeviceBuffer workspace{kWorkspace};
   DeviceBuffer xq, xs, xf, yb;
   std::map<std::tuple<const void*, const void*, int64_t, int64_t>, DeviceBuffer> wscales;
-  std::map<std::tuple<int, int64_t, int64_t, int64_t, int64_t, int>, Plan> plans;
+  std::map<std::tuple<int, int64_t, int64_t, int64_t, int64_t, int, int64_t, int64_t>, Plan> plans;
   DeviceBuffer yb16;
   bool warned = false;
 
@@ -97,9 +102,13 @@ struct FastLinear::Impl {
   // m = outputs, n = activation rows, k = in; A = W (row-major [m, k] = column-major k x m, op T),
   // B = activations (column-major k x n, op N), D = y (column-major m x n = row-major [n, m]).
   // a_blk: weight scales as the native 128x128 grid (BLK128x128_32F) instead of per-row VEC128.
+  // ldb: B's leading dimension (0: k). batch > 1: strided batches of A (m x k apart), B (k apart:
+  // column slices of wider rows) and D (m apart), for block-diagonal (grouped) weights.
   Plan& plan(Kind kind, int64_t m, int64_t n, int64_t k, int64_t ldd, cudaDataType_t d_type = CUDA_R_32F,
-             bool a_blk = false) {
-    auto key = std::make_tuple(static_cast<int>(kind) + (a_blk ? 2 : 0), m, n, k, ldd, static_cast<int>(d_type));
+             bool a_blk = false, int64_t ldb = 0, int64_t batch = 1) {
+    if (ldb == 0) ldb = k;
+    auto key = std::make_tuple(static_cast<int>(kind) + (a_blk ? 2 : 0), m, n, k, ldd, static_cast<int>(d_type), ldb,
+                               batch);
     auto it = plans.find(key);
     if (it != plans.end()) return it->second;
     Plan& p = plans[key];
@@ -115,8 +124,19 @@ struct FastLinear::Impl {
       DSV4_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof(mode)));
     }
     DSV4_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, in_t, k, m, k));
-    DSV4_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, in_t, k, n, k));
+    DSV4_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, in_t, k, n, ldb));
     DSV4_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.d, d_type, m, n, ldd));
+    if (batch > 1) {
+      const int32_t count = static_cast<int32_t>(batch);
+      const int64_t strides[3] = {m * k, k, m};
+      cublasLtMatrixLayout_t layouts[3] = {p.a, p.b, p.d};
+      for (int i = 0; i < 3; ++i) {
+        DSV4_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layouts[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count,
+                                                           sizeof(count)));
+        DSV4_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(layouts[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                                           &strides[i], sizeof(strides[i])));
+      }
+    }
     cublasLtMatmulPreference_t pref;
     DSV4_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     const size_t ws = kWorkspace;
@@ -191,6 +211,75 @@ struct FastLinear::Impl {
     note_scratch_alloc();  // a graph captured around this first use would replay the expansion
     return wscales.emplace(key, std::move(buf)).first->second.as<float>();
   }
+
+  // Per-row VEC128 scales of the groups' row ranges one after another: [g][kb][ng], the batch
+  // stride of a strided-batched GEMM over the groups.
+  const float* grouped_weight_scales(const WeightView& w, int64_t groups, cudaStream_t s) {
+    const int64_t ng = w.out / groups, kb = (w.in + 127) / 128;
+    auto key = std::make_tuple(static_cast<const void*>(w.data), static_cast<const void*>(w.scale),
+                               std::numeric_limits<int64_t>::min() + groups, ng);
+    auto it = wscales.find(key);
+    if (it != wscales.end()) return it->second.as<float>();
+    DeviceBuffer buf(static_cast<size_t>(w.out * kb) * sizeof(float));
+    for (int64_t g = 0; g < groups; ++g)
+      expand_scales_kernel<<<blocks256(ng * kb), 256, 0, s>>>(detail::dev_weight(w), g * ng, ng, kb,
+                                                              buf.as<float>() + g * ng * kb);
+    DSV4_CUDA_LAUNCH_CHECK();
+    note_scratch_alloc();
+    return wscales.emplace(key, std::move(buf)).first->second.as<float>();
+  }
+
+  // Grouped (block-diagonal) FP8 weight past the GEMV sizes (groups = 1: a plain one): the
+  // activations of all groups quantised in one launch (with the inverse RoPE when rope is set),
+  // then the wgmma grouped GEMM (own = true), or one strided-batched cuBLASLt GEMM over the
+  // groups, or one GEMM per group where cuBLASLt has no batched block-scaled kernel (per group,
+  // each a quantisation and a GEMM of a 16-CTA grid, wo_a at 256 rows took ~120 us). False
+  // (nothing enqueued) when the shape does not fit.
+  bool fp8_grouped(const WeightView& w, int64_t groups, float* x, int64_t rows, float* y, int64_t ldx, int64_t ldy,
+                   const InverseRope* rope, bool own, cudaStream_t s) {
+    const int64_t k = w.in, ng = w.out / groups, cols = groups * k, kbg = k / 128;
+    const int64_t rows_pad = rope ? rows : (rows + 3) / 4 * 4;
+    own = own && (groups == 1 || rows <= kOwnGroupedMaxRows) && detail::fp8_grouped_gemm_ok(detail::dev_weight(w), groups);
+    if (k % 128 != 0 || ng % 16 != 0 || !aligned16(w.data)) return false;
+    if ((!own && rows_pad % 4 != 0) || (rope && ldx != cols)) return false;
+    grow(xq, static_cast<size_t>(rows_pad * cols));
+    grow(xs, static_cast<size_t>(rows_pad * groups * kbg) * sizeof(float));
+    if (rope)
+      act_quant_fp8_inverse_rope(x, rows, cols, ldx, *rope, xq.as<uint8_t>(), cols, xs.as<float>(), s);
+    else
+      act_quant_fp8(x, rows, cols, ldx, rows_pad, xq.as<uint8_t>(), cols, xs.as<float>(), s);
+    if (own) {
+      detail::fp8_grouped_gemm(detail::dev_weight(w), groups, xq.as<uint8_t>(), cols, xs.as<float>(), rows_pad, rows,
+                               y, ldy, s);
+      return true;
+    }
+    if (groups == 1) return false;  // plain weights: fp8_gemm
+    const float* ws = grouped_weight_scales(w, groups, s);
+    const int64_t sb = kbg * rows_pad;  // one group's activation scales
+    if (with_output(y, rows, rows_pad, w.out, ldy, s, [&](float* d, int64_t ldd) {
+          if (batched_ok && matmul(plan(kFp8, ng, rows_pad, k, ldd, CUDA_R_32F, false, cols, groups), w.data, xq.get(),
+                                   d, ws, xs.as<float>(), s))
+            return true;
+          if (batched_ok)
+            std::fprintf(stderr, "dsv4 FastLinear: cuBLASLt refused the strided-batched block-scaled FP8 GEMM "
+                                 "(%lld groups of %lld x %lld x %lld); one GEMM per group\n",
+                         static_cast<long long>(groups), static_cast<long long>(ng), static_cast<long long>(rows_pad),
+                         static_cast<long long>(k));
+          batched_ok = false;
+          for (int64_t g = 0; g < groups; ++g)
+            if (!matmul(plan(kFp8, ng, rows_pad, k, ldd, CUDA_R_32F, false, cols), w.data + g * ng * k,
+                        xq.as<uint8_t>() + g * k, d + g * ng, ws + g * ng * kbg, xs.as<float>() + g * sb, s))
+              return false;  // only the first can refuse (plans are per shape), before anything ran
+          return true;
+        }))
+      return true;
+    return false;
+  }
+  // False once cuBLASLt refused the strided-batched block-scaled GEMM (DSV4_LT_BATCHED=0 too).
+  bool batched_ok = [] {
+    const char* env = std::getenv("DSV4_LT_BATCHED");
+    return !(env && env[0] == '0');
+  }();
 
   // D either straight into y, or (padded rows / unaligned y) into yb, then copied.
   template <class Gemm>
@@ -298,6 +387,13 @@ struct FastLinear::Impl {
 FastLinear::FastLinear() : impl_(std::make_unique<Impl>()) {
   if (const char* env = std::getenv("DSV4_FAST_GEMV_MAX_ROWS")) set_gemv_max_rows(std::atoi(env));
   if (const char* env = std::getenv("DSV4_FP8_MMA_GEMV")) mma_gemv_ = std::string(env) != "0";
+  if (const char* env = std::getenv("DSV4_FP8_GEMM")) set_fp8_gemm(std::atoi(env));
+}
+
+void FastLinear::set_fp8_gemm(int mode) {
+  DSV4_CHECK(mode >= -1 && mode <= 1, "FastLinear::set_fp8_gemm: -1 (cuBLASLt), 0 (grouped weights on the wgmma "
+             "GEMM), 1 (all FP8 weights on it)");
+  fp8_gemm_ = mode;
 }
 
 void FastLinear::set_gemv_max_rows(int r) {
@@ -323,6 +419,9 @@ void FastLinear::run(const WeightView& w, const float* x, int64_t rows, float* y
   if (w.format == WeightFormat::FP8Block) {
     if (mma_gemv_ && impl_->mma_fp8(w, x, rows, y, row_begin, n, ldx, ldy, 1, s)) return;
     if (big && w.in % 128 == 0) {
+      if (fp8_gemm_ > 0 && row_begin == 0 && n == w.out &&
+          impl_->fp8_grouped(w, 1, const_cast<float*>(x), rows, y, ldx, ldy, nullptr, true, s))
+        return;
       if (impl_->fp8_gemm(w, x, rows, y, row_begin, n, ldx, ldy, s)) return;
       impl_->warn_fallback("FP8", n, rows, w.in);
     }
@@ -362,6 +461,9 @@ void FastLinear::run_grouped(const WeightView& w, int64_t groups, const float* x
   if (mma_gemv_ && w.format == WeightFormat::FP8Block && k % 128 == 0 &&
       impl_->mma_fp8(w, x, rows, y, 0, w.out, ldx, ldy, groups, s))
     return;
+  if (rows > gemv_max_rows_ && groups > 1 && w.format == WeightFormat::FP8Block &&
+      impl_->fp8_grouped(w, groups, const_cast<float*>(x), rows, y, ldx, ldy, nullptr, fp8_gemm_ >= 0, s))
+    return;  // (x is only written with a rope)
   if (rows <= gemv_max_rows_) {
     const bool quantised = w.format == WeightFormat::FP8Block || w.format == WeightFormat::FP4Group32;
     if (!quantised) return linear_exact_grouped(w, groups, x, rows, y, ldx, ldy, s);
@@ -383,6 +485,9 @@ void FastLinear::run_grouped_inverse_rope(const WeightView& w, int64_t groups, f
   if (rows <= 0) return;
   if (mma_gemv_ && w.format == WeightFormat::FP8Block && w.in % 128 == 0 &&
       impl_->mma_fp8_inverse_rope(w, x, rows, y, ldx, ldy, groups, rope, s))
+    return;
+  if (rows > gemv_max_rows_ && groups > 1 && w.format == WeightFormat::FP8Block &&
+      impl_->fp8_grouped(w, groups, x, rows, y, ldx, ldy, &rope, fp8_gemm_ >= 0, s))
     return;
   cuda::rope(x, rows, cols / rope.head_len, rope.head_len, rope.inv_freq, rope.pairs, rope.pos, true, s);
   run_grouped(w, groups, x, rows, y, ldx, ldy, s);

@@ -202,7 +202,8 @@ TEST(CudaLinear, SharedInputMatchesSeparateRuns) {
 }
 
 // Block-diagonal linears (wo_a): every group against the CPU twin on its slice of x; at decode
-// sizes one launch covers all groups, larger batches loop over run()/linear_exact.
+// sizes one launch covers all groups; past them FP8 weights take one quantisation and a
+// strided-batched GEMM (42 rows: padded to 44), the rest loop over run()/linear_exact.
 TEST(CudaLinear, GroupedMatchesPerGroupCpu) {
   DSV4_REQUIRE_GPU();
   cuda::FastLinear fast;
@@ -210,7 +211,7 @@ TEST(CudaLinear, GroupedMatchesPerGroupCpu) {
   for (Kind kind : {Kind::F32, Kind::BF16, Kind::FP8, Kind::FP4})
     for (int64_t ng : {128, 36})
       for (int64_t k : {256, 160, 1024})
-        for (int64_t rows : {1, 3, 17, 32})
+        for (int64_t rows : {1, 3, 17, 32, 42, 64})
           for (Path path : {Path::Exact, Path::Fast}) {
             char buf[160];
             std::snprintf(buf, sizeof buf, "%s groups=%lld ng=%lld k=%lld R=%lld %s", kind_name(kind).c_str(),
@@ -258,6 +259,58 @@ TEST(CudaLinear, GroupedMatchesPerGroupCpu) {
           }
 }
 
+// The wgmma grouped FP8 GEMM (gemm_fp8_grouped.h) past the GEMV sizes: grouped weights by
+// default, plain ones with set_fp8_gemm(1); against the CPU twin on the FP8-quantised slices and
+// against cuBLASLt per group (set_fp8_gemm(-1)). Both tile configurations (<= 128 rows: 64 x 64,
+// more: 128 x 128), partial activation tiles, 64-row groups (the small tiles at every size),
+// K of 1 and 9 128-blocks (fewer blocks than pipeline stages; an odd count). Outputs poisoned.
+TEST(CudaLinear, Fp8GroupedGemmMatchesCpuAndCublasLt) {
+  DSV4_REQUIRE_GPU();
+  if (!cuda::wgmma_available()) GTEST_SKIP() << "the wgmma FP8 GEMM needs an sm_90 device and an arch-90a build";
+  cuda::FastLinear fast;
+  for (auto [groups, ng, k] : {std::array<int64_t, 3>{8, 128, 512}, {4, 64, 1152}, {1, 256, 128}, {1, 384, 640}})
+    for (int64_t rows : {33, 64, 130, 300}) {
+      char buf[160];
+      std::snprintf(buf, sizeof buf, "groups=%lld ng=%lld k=%lld R=%lld", (long long)groups, (long long)ng,
+                    (long long)k, (long long)rows);
+      SCOPED_TRACE(buf);
+      TestWeight w = make_weight(Kind::FP8, groups * ng, k);
+      const int64_t cols = groups * k, n = groups * ng, ldy = n + 4;
+      const std::vector<float> x = randn(static_cast<size_t>(rows * cols));
+      std::vector<float> ref(static_cast<size_t>(rows * n));
+      for (int64_t g = 0; g < groups; ++g) {
+        std::vector<float> xs(static_cast<size_t>(rows * k));
+        for (int64_t r = 0; r < rows; ++r)
+          std::memcpy(xs.data() + r * k, x.data() + r * cols + g * k, k * sizeof(float));
+        xs = fake_quant_fp8(xs, rows, k, k);
+        cpu::linear(w.host, xs.data(), rows, ref.data() + g * ng, g * ng, (g + 1) * ng, k, n);
+      }
+      cuda::DeviceBuffer dx = cuda::to_device(x);
+      auto run = [&](int mode) {
+        cuda::DeviceBuffer dy = poisoned<float>(rows * ldy);
+        fast.set_fp8_gemm(mode);
+        if (groups > 1)
+          fast.run_grouped(w.dev, groups, dx.as<float>(), rows, dy.as<float>(), cols, ldy, nullptr);
+        else
+          fast.run(w.dev, dx.as<float>(), rows, dy.as<float>(), 0, n, cols, ldy, nullptr);
+        fast.set_fp8_gemm(0);
+        EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const std::vector<float> all = cuda::to_host<float>(dy, static_cast<size_t>(rows * ldy));
+        std::vector<float> y(static_cast<size_t>(rows * n));
+        for (int64_t r = 0; r < rows; ++r) {
+          std::memcpy(y.data() + r * n, all.data() + r * ldy, n * sizeof(float));
+          for (int64_t j = n; j < ldy; ++j) EXPECT_TRUE(std::isnan(all[r * ldy + j])) << "wrote past row " << r;
+        }
+        return y;
+      };
+      const std::vector<float> own = run(1), lt = run(-1);
+      fast.forget_weights();
+      // FP8 products are exact; the tensor core's sums of 32 (and of each 128-block) are not fp32's.
+      EXPECT_LE(rel_error(own, ref), 1e-3);
+      EXPECT_LE(rel_error(own, lt), 1e-2);  // cuBLASLt may only offer bf16 outputs (fp8_gemm)
+    }
+}
+
 // wo_a on the attention output rotated back: the fused form (the inverse RoPE inside the FP8
 // quantisation at decode sizes) against its unfused twins: rope() then run_grouped() on the GPU
 // (same bits: x and y), and the CPU's rope_inplace then the per-group quantised linear.
@@ -267,7 +320,7 @@ TEST(CudaLinear, GroupedInverseRopeMatchesRopeThenGrouped) {
   const int64_t groups = 4, ng = 128;
   for (Kind kind : {Kind::FP8, Kind::FP4})
     for (auto [k, head, pairs] : {std::array<int64_t, 3>{1024, 512, 32}, {256, 128, 32}, {256, 64, 16}})
-      for (int64_t rows : {1, 3, 8, 17, 32, 40}) {
+      for (int64_t rows : {1, 3, 8, 17, 32, 40, 42, 64}) {
         char buf[160];
         std::snprintf(buf, sizeof buf, "%s k=%lld head=%lld pairs=%lld R=%lld", kind_name(kind).c_str(), (long long)k,
                       (long long)head, (long long)pairs, (long long)rows);
