@@ -341,12 +341,18 @@ bool wgmma_tiles() {
   return available && g_wide_mode != 1;
 }
 
-// Wide tiles once experts average kMoeWgmmaMinTokens (wgmma) or kMoeWideMinTokens (mma.sync)
-// tokens: below that most tiles hold one 8-token group and run on an eighth of the 8-token
-// kernels' CTAs.
+int g_decode_wgmma = [] {  // set_moe_decode_wgmma
+  const char* env = std::getenv("DSV4_MOE_DECODE_WGMMA");
+  return env && std::string(env) == "0" ? -1 : 0;
+}();
+
+// Wide tiles once experts average kMoeWgmmaMinTokens (wgmma; 12 where the narrow tiles are the
+// mma.sync ones, set_moe_decode_wgmma(-1)) or kMoeWideMinTokens (mma.sync) tokens: below that
+// most tiles hold one 8-token group and run on an eighth of the 8-token kernels' CTAs.
 bool wide_tiles(int64_t pairs, int E) {
   if (g_wide_mode != 0) return g_wide_mode > 0;
-  return pairs >= static_cast<int64_t>(wgmma_tiles() ? kMoeWgmmaMinTokens : kMoeWideMinTokens) * E;
+  const int min_tokens = !wgmma_tiles() ? kMoeWideMinTokens : g_decode_wgmma < 0 ? 12 : kMoeWgmmaMinTokens;
+  return pairs >= static_cast<int64_t>(min_tokens) * E;
 }
 
 // Tokens per wgmma tile: 128 from an average of kMoeWgmma128MinTokens per expert (bf16 tiles).
@@ -356,11 +362,6 @@ int wgmma_tile_tokens(int64_t pairs, int E) {
   return pairs >= static_cast<int64_t>(kMoeWgmma128MinTokens) * E ? 128 : 64;
 }
 
-int g_decode_wgmma = [] {  // set_moe_decode_wgmma
-  const char* env = std::getenv("DSV4_MOE_DECODE_WGMMA");
-  return env && std::string(env) == "0" ? -1 : 0;
-}();
-
 // The FP8 wgmma kernels for 8-token tiles of packed experts, unless mode -1 asks for mma.sync.
 bool decode_wgmma(int64_t d, int64_t I) {
   if (g_decode_wgmma < 0) return false;
@@ -368,6 +369,18 @@ bool decode_wgmma(int64_t d, int64_t I) {
   DSV4_CHECK(ok || g_decode_wgmma == 0, "MoeRunner: FP8 wgmma decode tiles asked for (set_moe_decode_wgmma(1)) but "
              "unavailable: they need an sm_90 device, a build for CUDA arch 90a and d, I multiples of 128");
   return ok;
+}
+
+int g_decode_tile = [] {  // set_moe_decode_tile
+  const char* env = std::getenv("DSV4_MOE_DECODE_TILE");
+  return env ? std::atoi(env) : 0;
+}();
+
+// Tokens per FP8 wgmma decode tile: 16 once experts average kMoeDecode16MinTokens tokens (then
+// ~15% have 9-16 and two 8-token tiles would read their weights twice), else 8.
+int decode_tile_tokens(int64_t pairs, int E) {
+  if (g_decode_tile != 0) return g_decode_tile;
+  return pairs >= static_cast<int64_t>(kMoeDecode16MinTokens) * E ? 16 : 8;
 }
 
 unsigned blocks256(int64_t n) { return static_cast<unsigned>((n + 255) / 256); }
@@ -420,6 +433,11 @@ struct MoeRunner::Impl {
 void set_moe_decode_wgmma(int mode) {
   DSV4_CHECK(mode >= -1 && mode <= 1, "set_moe_decode_wgmma: -1 (mma.sync), 0 (wgmma where available), 1 (wgmma)");
   g_decode_wgmma = mode;
+}
+
+void set_moe_decode_tile(int tokens) {
+  DSV4_CHECK(tokens == 0 || tokens == 8 || tokens == 16, "set_moe_decode_tile: 0 (by size), 8 or 16 tokens");
+  g_decode_tile = tokens;
 }
 
 void set_moe_wide_tiles(int mode) {
@@ -519,9 +537,11 @@ void MoeRunner::run(const ExpertSet& set, const float* x, int64_t R, const int32
   const bool wide = mma && tb.packed && wide_tiles(pairs, E);
   const bool wgmma = wide && wgmma_tiles();
   const bool fp8_wide = wgmma && (g_wide_mode == 4 || (g_wide_mode == 0 && g_prefill_fp8));
+  const bool fp8 = mma && !wide && tb.packed && decode_wgmma(d, I);  // FP8 wgmma 8- / 16-token tiles
   const int T = fp8_wide ? kMoeFp8WideTokens
                 : wgmma ? wgmma_tile_tokens(pairs, E)
                 : wide ? kMmaWideTokens
+                : fp8  ? decode_tile_tokens(pairs, E)
                 : mma  ? kMmaTileTokens
                 : gemv ? kGemvTile
                        : kTileM;
@@ -582,18 +602,17 @@ void MoeRunner::run(const ExpertSet& set, const float* x, int64_t R, const int32
     const uint8_t *xq = m.xq8.as<uint8_t>(), *hq = m.hq8.as<uint8_t>();
     const float *xs = m.xsc.as<float>(), *hs = m.hsc.as<float>();
     const int k = static_cast<int>(K);
-    const bool fp8 = !wide && tb.packed && decode_wgmma(d, I);
     if (wide)
       mma_gateup_wide(tab, tiles, nt, max_tiles, sp, k, xq, xs, R, d, I, limit, H, s);
     else if (fp8)
-      fp8_decode_gateup(tab, tiles, nt, max_tiles, sp, k, xq, xs, R, d, I, limit, H, s);
+      fp8_decode_gateup(T, tab, tiles, nt, max_tiles, sp, k, xq, xs, R, d, I, limit, H, s);
     else
       mma_gateup(tab, tb.packed, tiles, nt, max_tiles, sp, k, xq, xs, R, d, I, limit, H, s);
     act_quant_fp8(H, pairs, I, I, pairs, m.hq8.as<uint8_t>(), I, m.hsc.as<float>(), s, tb.packed);
     if (wide)
       mma_down_wide(tab, tiles, nt, max_tiles, sp, hq, hs, pairs, d, I, Y, s);
     else if (fp8)
-      fp8_decode_down(tab, tiles, nt, max_tiles, sp, hq, hs, pairs, d, I, Y, s);
+      fp8_decode_down(T, tab, tiles, nt, max_tiles, sp, hq, hs, pairs, d, I, Y, s);
     else
       mma_down(tab, tb.packed, tiles, nt, max_tiles, sp, hq, hs, pairs, d, I, Y, s);
     combine(Y, experts, weights, R, static_cast<int>(K), E, d, accumulate, out, s);

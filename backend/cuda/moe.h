@@ -38,12 +38,18 @@ bool moe_wgmma_available();
 // the bits of the stored layout and the 64-token mma.sync tiles); 1 = always wgmma (an error
 // where unavailable). DSV4_MOE_DECODE_WGMMA=0 starts at -1.
 void set_moe_decode_wgmma(int mode);
-// From bench_linear moe (K = 6 of 256 experts, packed; 2026-12-04): 8-token tiles win at 6 tokens
-// per expert (256 tokens: 1.87 vs 2.55 ms on 64-token wgmma tiles), wgmma from 12 (512: 2.70 vs
-// 3.00 ms); 128-token wgmma tiles at 96 (4096: 5.61 vs 6.76 ms) but not at 48 (2048: 4.05 vs 3.50);
-// mma.sync 64-token tiles only from ~64 (2048: 6.83 vs 9.74 ms; 1024: 5.50 vs 5.24).
+// Tokens per tile of those FP8 wgmma kernels: 0 = by size (16 from an average of
+// kMoeDecode16MinTokens tokens per expert, else 8), 8 or 16. DSV4_MOE_DECODE_TILE sets the start.
+void set_moe_decode_tile(int tokens);
+// From bench_linear moe (K = 6 of 256 experts, packed; 2026-12-04): 128-token wgmma tiles at 96
+// tokens per expert (4096: 5.61 vs 6.76 ms) but not at 48 (2048: 4.05 vs 3.50); mma.sync 64-token
+// tiles only from ~64 (2048: 6.83 vs 9.74 ms; 1024: 5.50 vs 5.24). Since the FP8 wgmma decode
+// kernels take 16-token tiles (2026-12-06, H100): those beat the 64-token wgmma tiles up to at
+// least 24 tokens per expert (512 / 768 / 1024 tokens: 1.52 / 2.02 / 2.42 vs 2.39 / 2.48 / 2.60
+// ms), and 8-token tiles from 6 (256 tokens: 1.31 vs 1.37 ms; at 64, 1.5: 0.99 vs 0.98).
 constexpr int kMoeWideMinTokens = 64;
-constexpr int kMoeWgmmaMinTokens = 12;
+constexpr int kMoeDecode16MinTokens = 4;
+constexpr int kMoeWgmmaMinTokens = 32;
 constexpr int kMoeWgmma128MinTokens = 64;
 
 class MoeRunner {

@@ -73,16 +73,16 @@ void wgmma_down(int tile_tokens, const DevWeight* tab, const MoeTile* tiles, con
                 int64_t I, float* Y, cudaStream_t s);
 
 // The FP8 wgmma decode kernels (moe_wgmma_decode.cu): mma_gateup / mma_down's contracts on packed
-// weights (tiles of <= kMmaTileTokens tokens, the mma-packed codes of act_quant_fp8), each
+// weights (tiles of <= tile_tokens = 8 or 16 tokens, the mma-packed codes of act_quant_fp8), each
 // 32-group's products summed by the FP8 tensor core (not the mma.sync kernels' bits). Need
 // fp8_decode_ok: an sm_90 device, an arch-90a build, d and I multiples of 128.
-bool fp8_decode_ok(int64_t d, int64_t I);
-void fp8_decode_gateup(const DevWeight* tab, const MoeTile* tiles, const int32_t* n_tiles, unsigned max_tiles,
-                       const int32_t* slot_pair, int K, const uint8_t* xq, const float* xs, int64_t ldxs, int64_t d,
-                       int64_t I, float limit, float* H, cudaStream_t s);
-void fp8_decode_down(const DevWeight* tab, const MoeTile* tiles, const int32_t* n_tiles, unsigned max_tiles,
-                     const int32_t* slot_pair, const uint8_t* hq, const float* hs, int64_t ldhs, int64_t d, int64_t I,
-                     float* Y, cudaStream_t s);
+bool fp8_decode_ok(int64_t d, int64_t I, int tile_tokens = 8);
+void fp8_decode_gateup(int tile_tokens, const DevWeight* tab, const MoeTile* tiles, const int32_t* n_tiles,
+                       unsigned max_tiles, const int32_t* slot_pair, int K, const uint8_t* xq, const float* xs,
+                       int64_t ldxs, int64_t d, int64_t I, float limit, float* H, cudaStream_t s);
+void fp8_decode_down(int tile_tokens, const DevWeight* tab, const MoeTile* tiles, const int32_t* n_tiles,
+                     unsigned max_tiles, const int32_t* slot_pair, const uint8_t* hq, const float* hs, int64_t ldhs,
+                     int64_t d, int64_t I, float* Y, cudaStream_t s);
 
 // The FP8 wgmma prefill kernels (moe_wgmma_fp8_wide.cu): tiles of <= kMoeFp8WideTokens tokens on
 // packed weights, the codes of act_quant_fp8_wgmma_b (xq [x_rows, d], xs [d/128][ldxs]; hq

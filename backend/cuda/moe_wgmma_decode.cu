@@ -1,4 +1,4 @@
-// Routed experts at decode sizes (tiles of <= 8 tokens) on Hopper's FP8 warpgroup MMA (sm_90a).
+// Routed experts at decode sizes (tiles of <= 8 or <= 16 tokens) on Hopper's FP8 warpgroup MMA (sm_90a).
 // sm_90 has no e4m3 mma.sync: the mma.sync kernels (moe_mma.cu) convert both operands to f16 (cvt,
 // a quarter of the integer rate) for two HMMAs per m16n8k32, ~36 instructions per 16 weights.
 // Here the e2m1 weights become e4m3 bytes (7 integer instructions per 8, mma_e4m3.cuh) that feed
@@ -15,8 +15,12 @@
 // so the packed FP4 layout (pack_fp4_for_mma, 64-row tiles) serves both: one 16-byte load per
 // row and block, a warp's 8 rows 512 contiguous bytes, held one block ahead in registers.
 //
-// The B operand of block kb, group j: two core matrices (K-major, no swizzle) of the 8 tokens x
-// 16 code bytes, k-half h at act + ((4 kb + j) 2 + h) 128, token n at 16 n in it. The A fragment
+// Tiles of NT = 16 tokens (wgmma.m64n16k32) serve experts with 9-16 tokens in one pass over their
+// weights, where two 8-token tiles read them twice (from ~8 tokens per expert on average).
+//
+// The B operand of block kb, group j: core matrices (K-major, no swizzle) of 8 tokens x 16 code
+// bytes, token octet o and k-half h at act + (4 kb + j) 32 NT + 256 o + 128 h, token n at 16 (n %
+// 8) in it (the N = 8 layout is octet 0). The A fragment
 // of a thread takes k 4q .. 4q + 3 (a0 / a1) and 16 + 4q .. (a2 / a3); e2m1x8_e4m3 gives the
 // even and odd values of the thread's 8 (group j, values 8q .. 8q + 7), so the codes are laid the
 // same way: half 0 holds the even codes of each q's 8, half 1 the odd ones (split_even_odd).
@@ -36,74 +40,87 @@ namespace {
 constexpr int kSlices = 2;                 // warpgroups per CTA, one K slice each
 constexpr int kThreads = 128 * kSlices;
 constexpr int kRows = 64;                  // weight rows per CTA (one m64 per warpgroup)
-constexpr int kBlockBytes = 8 * 128;       // one 128-block of 8 tokens' codes
 
-// Shared memory: the tile's codes (nkb blocks), their scales [kb][token], the slices' partials.
-template <int NM>
-constexpr size_t partial_bytes() {
-  return (kSlices - 1) * NM * 4 * 128 * sizeof(float);
+// One 128-block of NT tokens' codes.
+template <int NT>
+constexpr int64_t block_bytes() {
+  return NT * 128;
 }
-size_t smem_bytes(int nm, int64_t nkb) {
-  return static_cast<size_t>(nkb) * (kBlockBytes + 8 * sizeof(float)) + (nm == 2 ? partial_bytes<2>() : partial_bytes<1>());
+// Shared memory: the tile's codes (nkb blocks), their scales [kb][token], the slices' partials.
+size_t smem_bytes(int nm, int64_t nkb, int nt) {
+  return static_cast<size_t>(nkb) * nt * (128 + sizeof(float)) + (kSlices - 1) * nm * (nt / 2) * 128 * sizeof(float);
 }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
+// Weights per batch of wgmmas: both (gate and up) at 8 tokens; one at a time at 16, whose 4 x 8
+// accumulators per weight would not fit beside both weights' fragments (ptxas: 128 registers
+// and spills with both).
+template <int NM, int NT>
+constexpr int kBatchWeights = NT == 8 ? NM : 1;
+
 // acc[m][i] += (Σ_j wgmma_j · group scale_j) · activation scale of block kb (unscaled by 2^6).
-template <int NM>
+template <int NM, int NT>
 __device__ __forceinline__ void block_product_fp8(const WBlock<NM>& w, const uint8_t* act, const float* xsc,
-                                                  float (&c)[NM][4][4], float (&acc)[NM][4]) {
-  uint32_t a[NM][4][4];
-#pragma unroll
-  for (int m = 0; m < NM; ++m)
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      e2m1x8_e4m3(word_of(w.a[m], j), a[m][j][0], a[m][j][2]);
-      e2m1x8_e4m3(word_of(w.b[m], j), a[m][j][1], a[m][j][3]);
-    }
-  wgmma_fence();
-#pragma unroll
-  for (int m = 0; m < NM; ++m)
-#pragma unroll
-    for (int j = 0; j < 4; ++j) wgmma_m64n8k32_e4m3_rs(c[m][j], a[m][j], wgmma_desc(act + 256 * j, 128, 256), false);
-  wgmma_commit();
-  wgmma_wait<0>();
-#pragma unroll
-  for (int m = 0; m < NM; ++m)
-#pragma unroll
-    for (int j = 0; j < 4; ++j) wgmma_pin(c[m][j]);
+                                                  float (&c)[kBatchWeights<NM, NT>][4][NT / 2],
+                                                  float (&acc)[NM][NT / 2]) {
+  constexpr int MB = kBatchWeights<NM, NT>;
   const int q = threadIdx.x & 3;
-  const float x0 = xsc[2 * q], x1 = xsc[2 * q + 1];
   uint32_t special = 0;
 #pragma unroll
   for (int m = 0; m < NM; ++m) special |= e8m0_special_bytes(w.ea[m]) | e8m0_special_bytes(w.eb[m]);
 #pragma unroll
-  for (int m = 0; m < NM; ++m) {
-    float blk[4] = {0.f, 0.f, 0.f, 0.f};
+  for (int m0 = 0; m0 < NM; m0 += MB) {
+    uint32_t a[MB][4][4];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const float s_a = group_scale(w.ea[m], j, special != 0), s_b = group_scale(w.eb[m], j, special != 0);
-      blk[0] += c[m][j][0] * s_a;
-      blk[1] += c[m][j][1] * s_a;
-      blk[2] += c[m][j][2] * s_b;
-      blk[3] += c[m][j][3] * s_b;
+    for (int mb = 0; mb < MB; ++mb)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        e2m1x8_e4m3(word_of(w.a[m0 + mb], j), a[mb][j][0], a[mb][j][2]);
+        e2m1x8_e4m3(word_of(w.b[m0 + mb], j), a[mb][j][1], a[mb][j][3]);
+      }
+    wgmma_fence();
+#pragma unroll
+    for (int mb = 0; mb < MB; ++mb)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const uint64_t desc = wgmma_desc(act + 32 * NT * j, 128, 256);
+        if constexpr (NT == 8)
+          wgmma_m64n8k32_e4m3_rs(c[mb][j], a[mb][j], desc, false);
+        else
+          wgmma_m64n16k32_e4m3_rs(c[mb][j], a[mb][j], desc, false);
+      }
+    wgmma_commit();
+    wgmma_wait<0>();
+#pragma unroll
+    for (int mb = 0; mb < MB; ++mb)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) wgmma_pin(c[mb][j]);
+#pragma unroll
+    for (int mb = 0; mb < MB; ++mb) {
+      const int m = m0 + mb;
+      float blk[NT / 2] = {};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float s_a = group_scale(w.ea[m], j, special != 0), s_b = group_scale(w.eb[m], j, special != 0);
+#pragma unroll
+        for (int i = 0; i < NT / 2; ++i) blk[i] += c[mb][j][i] * (i & 2 ? s_b : s_a);  // i & 2: row g + 8
+      }
+#pragma unroll
+      for (int i = 0; i < NT / 2; ++i) acc[m][i] += blk[i] * xsc[8 * (i >> 2) + 2 * q + (i & 1)];
     }
-    acc[m][0] += blk[0] * x0;
-    acc[m][1] += blk[1] * x1;
-    acc[m][2] += blk[2] * x0;
-    acc[m][3] += blk[3] * x1;
   }
 }
 
 // The tile's codes (row_of(n): the activation row of token n < count) and scales into shared
 // memory in the B operand's order; tokens past count are zeros.
-template <typename RowOf>
+template <int NT, typename RowOf>
 __device__ __forceinline__ void stage_tile(unsigned char* smem, int64_t nkb, int count, RowOf row_of,
                                            const uint8_t* xq, const float* xs, int64_t ldxs, int64_t in) {
-  float* xsc = reinterpret_cast<float*>(smem + nkb * kBlockBytes);
-  for (int64_t i = threadIdx.x; i < nkb * 32; i += kThreads) {
-    const int64_t kb = i >> 5;
-    const int n = static_cast<int>(i >> 2) & 7, q = static_cast<int>(i) & 3;
+  float* xsc = reinterpret_cast<float*>(smem + nkb * block_bytes<NT>());
+  for (int64_t i = threadIdx.x; i < nkb * NT * 4; i += kThreads) {
+    const int64_t kb = i / (NT * 4);
+    const int n = static_cast<int>(i >> 2) % NT, q = static_cast<int>(i) & 3;
     uint4 lo = make_uint4(0u, 0u, 0u, 0u), hi = lo;
     if (n < count) {
       const uint8_t* src = xq + row_of(n) * in + kb * 128 + 32 * q;
@@ -115,14 +132,14 @@ __device__ __forceinline__ void stage_tile(unsigned char* smem, int64_t nkb, int
     for (int j = 0; j < 4; ++j) {
       uint32_t even, odd;
       split_even_odd(xc[j], even, odd);
-      unsigned char* chunk = smem + (kb * 4 + j) * 256 + 16 * n + 4 * q;
+      unsigned char* chunk = smem + (kb * 4 + j) * 32 * NT + 256 * (n >> 3) + 16 * (n & 7) + 4 * q;
       *reinterpret_cast<uint32_t*>(chunk) = even;
       *reinterpret_cast<uint32_t*>(chunk + 128) = odd;
     }
   }
-  for (int64_t i = threadIdx.x; i < nkb * 8; i += kThreads) {
-    const int n = static_cast<int>(i) & 7;
-    xsc[i] = n < count ? __ldg(xs + (i >> 3) * ldxs + row_of(n)) : 0.f;
+  for (int64_t i = threadIdx.x; i < nkb * NT; i += kThreads) {
+    const int n = static_cast<int>(i % NT);
+    xsc[i] = n < count ? __ldg(xs + (i / NT) * ldxs + row_of(n)) : 0.f;
   }
 }
 
@@ -131,10 +148,10 @@ __device__ __forceinline__ void stage_tile(unsigned char* smem, int64_t nkb, int
 // L2 prefetches of the slice, whole or in chunks, on the row-major layout, which outran L2 so
 // that 1.4x the bytes came from DRAM; two blocks ahead in registers; a per-thread cp.async ring
 // three or four blocks deep, also on the tiled layout: 8 / 64 tokens 292 / 1190 vs 253 / 1010 us.)
-template <int NM, typename RowOf>
+template <int NM, int NT, typename RowOf>
 __device__ __forceinline__ bool rows_times_tile_fp8(unsigned char* smem, const DevWeight* const (&w)[NM], int64_t r0,
                                                     int count, RowOf row_of, const uint8_t* xq, const float* xs,
-                                                    int64_t ldxs, int64_t in, float (&acc)[NM][4]) {
+                                                    int64_t ldxs, int64_t in, float (&acc)[NM][NT / 2]) {
   const int wg = threadIdx.x >> 7, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
   const int64_t row = r0 + 16 * ((threadIdx.x >> 5) & 3) + g, sc = w[0]->scale_cols;
   const int64_t nkb = in / 128, kb0 = wg * nkb / kSlices, kb1 = (wg + 1) * nkb / kSlices;
@@ -149,40 +166,84 @@ __device__ __forceinline__ bool rows_times_tile_fp8(unsigned char* smem, const D
   WBlock<NM> cur, nxt;
   if (kb0 < kb1) load_block(cur, pa, sa, sc, kb0);
   pdl_wait();
-  stage_tile(smem, nkb, count, row_of, xq, xs, ldxs, in);
+  stage_tile<NT>(smem, nkb, count, row_of, xq, xs, ldxs, in);
   fence_proxy_async_smem();
   __syncthreads();
-  const float* xsc = reinterpret_cast<const float*>(smem + nkb * kBlockBytes);
-  float c[NM][4][4] = {};
+  const float* xsc = reinterpret_cast<const float*>(smem + nkb * block_bytes<NT>());
+  constexpr int NA = NT / 2;  // accumulators per thread and weight
+  float c[kBatchWeights<NM, NT>][4][NA] = {};
 #pragma unroll
   for (int m = 0; m < NM; ++m)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) acc[m][i] = 0.f;
+    for (int i = 0; i < NA; ++i) acc[m][i] = 0.f;
   for (int64_t kb = kb0; kb < kb1; ++kb) {
     if (kb + 1 < kb1) load_block(nxt, pa, sa, sc, kb + 1);
-    block_product_fp8<NM>(cur, smem + kb * kBlockBytes, xsc + kb * 8, c, acc);
+    block_product_fp8<NM, NT>(cur, smem + kb * block_bytes<NT>(), xsc + kb * NT, c, acc);
     cur = nxt;
   }
-  float* part = reinterpret_cast<float*>(smem + nkb * (kBlockBytes + 8 * sizeof(float)));
+  float* part = reinterpret_cast<float*>(smem + nkb * NT * (128 + sizeof(float)));
   const int t = threadIdx.x & 127;
   if (wg > 0)
 #pragma unroll
     for (int m = 0; m < NM; ++m)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) part[(((wg - 1) * NM + m) * 4 + i) * 128 + t] = acc[m][i];
+      for (int i = 0; i < NA; ++i) part[(((wg - 1) * NM + m) * NA + i) * 128 + t] = acc[m][i];
   __syncthreads();
   if (wg > 0) return false;
   for (int s = 1; s < kSlices; ++s)
 #pragma unroll
     for (int m = 0; m < NM; ++m)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) acc[m][i] += part[(((s - 1) * NM + m) * 4 + i) * 128 + t];
+      for (int i = 0; i < NA; ++i) acc[m][i] += part[(((s - 1) * NM + m) * NA + i) * 128 + t];
   return true;
+}
+
+// One tile's gate/up (NT: its width, 8 or 16) into H.
+template <int NT>
+__device__ __forceinline__ void gateup_tile(unsigned char* smem, const DevWeight* tab, const MoeTile& t,
+                                            const int32_t* slot_pair, int K, const uint8_t* xq, const float* xs,
+                                            int64_t ldxs, int64_t d, int64_t I, float limit, float* H) {
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kRows;
+  const DevWeight* const ws[2] = {tab + 3 * t.expert, tab + 3 * t.expert + 2};  // W1, W3
+  auto row_of = [&](int n) { return static_cast<int64_t>(slot_pair[t.start + n] / K); };
+  float acc[2][NT / 2];
+  if (!rows_times_tile_fp8<2, NT>(smem, ws, r0, t.count, row_of, xq, xs, ldxs, d, acc)) return;
+  const int64_t row = r0 + 16 * ((threadIdx.x >> 5) & 3) + ((threadIdx.x & 31) >> 2);
+#pragma unroll
+  for (int o = 0; o < NT / 8; ++o) {  // token octet o: accumulators 4o .. 4o + 3
+    const float octet[2][4] = {{acc[0][4 * o], acc[0][4 * o + 1], acc[0][4 * o + 2], acc[0][4 * o + 3]},
+                               {acc[1][4 * o], acc[1][4 * o + 1], acc[1][4 * o + 2], acc[1][4 * o + 3]}};
+    store_swiglu(H, I, t.start + 8 * o, t.count - 8 * o, row, threadIdx.x & 3, octet, limit);
+  }
+}
+
+// One tile's down projection into Y.
+template <int NT>
+__device__ __forceinline__ void down_tile(unsigned char* smem, const DevWeight* tab, const MoeTile& t,
+                                          const int32_t* slot_pair, const uint8_t* hq, const float* hs, int64_t ldhs,
+                                          int64_t d, int64_t I, float* Y) {
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kRows;
+  const DevWeight* const ws[1] = {tab + 3 * t.expert + 1};  // W2
+  auto row_of = [&](int n) { return static_cast<int64_t>(t.start + n); };
+  float acc[1][NT / 2];
+  if (!rows_times_tile_fp8<1, NT>(smem, ws, r0, t.count, row_of, hq, hs, ldhs, I, acc)) return;
+  const int q = threadIdx.x & 3;
+  const int64_t row = r0 + 16 * ((threadIdx.x >> 5) & 3) + ((threadIdx.x & 31) >> 2);
+#pragma unroll
+  for (int i = 0; i < NT / 2; ++i) {
+    const int col = 8 * (i >> 2) + 2 * q + (i & 1);
+    if (col < t.count)
+      Y[static_cast<int64_t>(slot_pair[t.start + col]) * d + row + (i & 2 ? 8 : 0)] = acc[0][i] * kE2m1E4m3Unscale;
+  }
 }
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-// 2 CTAs per SM for gate/up (two weights' fragments in flight), 3 for down.
+// Tiles of at most TMAX tokens (the tile list's width); from 16, a tile of <= 8 still takes the
+// 8-token body (the 16-token one is ~25% slower per tile: twice the staging, one weight per batch
+// of wgmmas), so only experts with 9-16 tokens pay for it. 2 CTAs per SM for gate/up (two
+// weights' fragments in flight), 3 for down.
+template <int TMAX>
 __global__ void __launch_bounds__(kThreads, 2)
     gateup_fp8_kernel(const DevWeight* __restrict__ tab, const MoeTile* __restrict__ tiles,
                       const int32_t* __restrict__ n_tiles, const int32_t* __restrict__ slot_pair, int K,
@@ -192,16 +253,14 @@ __global__ void __launch_bounds__(kThreads, 2)
   extern __shared__ __align__(128) unsigned char smem[];
   if (static_cast<int>(blockIdx.y) >= *n_tiles) return;
   const MoeTile t = tiles[blockIdx.y];
-  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kRows;
-  const DevWeight* const ws[2] = {tab + 3 * t.expert, tab + 3 * t.expert + 2};  // W1, W3
-  auto row_of = [&](int n) { return static_cast<int64_t>(slot_pair[t.start + n] / K); };
-  float acc[2][4];
-  if (!rows_times_tile_fp8<2>(smem, ws, r0, t.count, row_of, xq, xs, ldxs, d, acc)) return;
-  const int64_t row = r0 + 16 * ((threadIdx.x >> 5) & 3) + ((threadIdx.x & 31) >> 2);
-  store_swiglu(H, I, t.start, t.count, row, threadIdx.x & 3, acc, limit);
+  if (TMAX == 16 && t.count > 8)
+    gateup_tile<16>(smem, tab, t, slot_pair, K, xq, xs, ldxs, d, I, limit, H);
+  else
+    gateup_tile<8>(smem, tab, t, slot_pair, K, xq, xs, ldxs, d, I, limit, H);
 #endif
 }
 
+template <int TMAX>
 __global__ void __launch_bounds__(kThreads, 3)
     down_fp8_kernel(const DevWeight* __restrict__ tab, const MoeTile* __restrict__ tiles,
                     const int32_t* __restrict__ n_tiles, const int32_t* __restrict__ slot_pair,
@@ -211,19 +270,10 @@ __global__ void __launch_bounds__(kThreads, 3)
   extern __shared__ __align__(128) unsigned char smem[];
   if (static_cast<int>(blockIdx.y) >= *n_tiles) return;
   const MoeTile t = tiles[blockIdx.y];
-  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kRows;
-  const DevWeight* const ws[1] = {tab + 3 * t.expert + 1};  // W2
-  auto row_of = [&](int n) { return static_cast<int64_t>(t.start + n); };
-  float acc[1][4];
-  if (!rows_times_tile_fp8<1>(smem, ws, r0, t.count, row_of, hq, hs, ldhs, I, acc)) return;
-  const int q = threadIdx.x & 3;
-  const int64_t row = r0 + 16 * ((threadIdx.x >> 5) & 3) + ((threadIdx.x & 31) >> 2);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int col = 2 * q + (i & 1);
-    if (col < t.count)
-      Y[static_cast<int64_t>(slot_pair[t.start + col]) * d + row + (i >= 2 ? 8 : 0)] = acc[0][i] * kE2m1E4m3Unscale;
-  }
+  if (TMAX == 16 && t.count > 8)
+    down_tile<16>(smem, tab, t, slot_pair, hq, hs, ldhs, d, I, Y);
+  else
+    down_tile<8>(smem, tab, t, slot_pair, hq, hs, ldhs, d, I, Y);
 #endif
 }
 
@@ -237,29 +287,34 @@ void allow_smem(Kernel k, size_t bytes) {
 
 }  // namespace
 
-bool fp8_decode_ok(int64_t d, int64_t I) {
-  return wgmma_available() && d % 128 == 0 && I % 128 == 0 && d % kRows == 0 && I % kRows == 0 &&
-         smem_bytes(2, d / 128) <= 200 * 1024 && smem_bytes(1, I / 128) <= 200 * 1024;
+bool fp8_decode_ok(int64_t d, int64_t I, int tile_tokens) {
+  return wgmma_available() && (tile_tokens == 8 || tile_tokens == 16) && d % 128 == 0 && I % 128 == 0 &&
+         d % kRows == 0 && I % kRows == 0 && smem_bytes(2, d / 128, tile_tokens) <= 200 * 1024 &&
+         smem_bytes(1, I / 128, tile_tokens) <= 200 * 1024;
 }
 
-void fp8_decode_gateup(const DevWeight* tab, const MoeTile* tiles, const int32_t* n_tiles, unsigned max_tiles,
-                       const int32_t* slot_pair, int K, const uint8_t* xq, const float* xs, int64_t ldxs, int64_t d,
-                       int64_t I, float limit, float* H, cudaStream_t s) {
-  DSV4_CHECK(fp8_decode_ok(d, I), "fp8_decode_gateup: needs an sm_90a device and build, d and I multiples of 128");
-  const size_t smem = smem_bytes(2, d / 128);
-  allow_smem(gateup_fp8_kernel, smem);
-  launch_dependent(gateup_fp8_kernel, dim3(static_cast<unsigned>(I / kRows), max_tiles), dim3(kThreads), smem, s, tab,
-                   tiles, n_tiles, slot_pair, K, xq, xs, ldxs, d, I, limit, H);
+void fp8_decode_gateup(int tile_tokens, const DevWeight* tab, const MoeTile* tiles, const int32_t* n_tiles,
+                       unsigned max_tiles, const int32_t* slot_pair, int K, const uint8_t* xq, const float* xs,
+                       int64_t ldxs, int64_t d, int64_t I, float limit, float* H, cudaStream_t s) {
+  DSV4_CHECK(fp8_decode_ok(d, I, tile_tokens),
+             "fp8_decode_gateup: needs an sm_90a device and build, d and I multiples of 128, 8- or 16-token tiles");
+  const size_t smem = smem_bytes(2, d / 128, tile_tokens);
+  auto kernel = tile_tokens == 8 ? gateup_fp8_kernel<8> : gateup_fp8_kernel<16>;
+  allow_smem(kernel, smem);
+  launch_dependent(kernel, dim3(static_cast<unsigned>(I / kRows), max_tiles), dim3(kThreads), smem, s, tab, tiles,
+                   n_tiles, slot_pair, K, xq, xs, ldxs, d, I, limit, H);
 }
 
-void fp8_decode_down(const DevWeight* tab, const MoeTile* tiles, const int32_t* n_tiles, unsigned max_tiles,
-                     const int32_t* slot_pair, const uint8_t* hq, const float* hs, int64_t ldhs, int64_t d, int64_t I,
-                     float* Y, cudaStream_t s) {
-  DSV4_CHECK(fp8_decode_ok(d, I), "fp8_decode_down: needs an sm_90a device and build, d and I multiples of 128");
-  const size_t smem = smem_bytes(1, I / 128);
-  allow_smem(down_fp8_kernel, smem);
-  launch_dependent(down_fp8_kernel, dim3(static_cast<unsigned>(d / kRows), max_tiles), dim3(kThreads), smem, s, tab,
-                   tiles, n_tiles, slot_pair, hq, hs, ldhs, d, I, Y);
+void fp8_decode_down(int tile_tokens, const DevWeight* tab, const MoeTile* tiles, const int32_t* n_tiles,
+                     unsigned max_tiles, const int32_t* slot_pair, const uint8_t* hq, const float* hs, int64_t ldhs,
+                     int64_t d, int64_t I, float* Y, cudaStream_t s) {
+  DSV4_CHECK(fp8_decode_ok(d, I, tile_tokens),
+             "fp8_decode_down: needs an sm_90a device and build, d and I multiples of 128, 8- or 16-token tiles");
+  const size_t smem = smem_bytes(1, I / 128, tile_tokens);
+  auto kernel = tile_tokens == 8 ? down_fp8_kernel<8> : down_fp8_kernel<16>;
+  allow_smem(kernel, smem);
+  launch_dependent(kernel, dim3(static_cast<unsigned>(d / kRows), max_tiles), dim3(kThreads), smem, s, tab, tiles,
+                   n_tiles, slot_pair, hq, hs, ldhs, d, I, Y);
 }
 
 }  // namespace dsv4::cuda::detail

@@ -302,10 +302,12 @@ TEST(CudaMoe, SpecialScaleBytesDecodeExactly) {
   }
 }
 
-// 8-token tiles on FP8 wgmma (moe_wgmma_decode.cu): the mma.sync kernels' numbers up to the
-// tensor core's sum of each group's 32 products (the sums differ in low bits, and a few of the
-// FP8 codes of h round the other way), and the CPU formula. Outputs and scratch poisoned first;
-// at least one element differs from the mma.sync bits (the wgmma kernels ran, not a fallback).
+// 8- and 16-token tiles on FP8 wgmma (moe_wgmma_decode.cu): the mma.sync kernels' numbers up to
+// the tensor core's sum of each group's 32 products (the sums differ in low bits, and a few of
+// the FP8 codes of h round the other way), and the CPU formula; the 16-token tiles (R = 40: 10 or
+// 20 tokens per expert, full and partial tiles) the 8-token ones' numbers. Outputs and scratch
+// poisoned first; at least one element differs from the mma.sync bits (the wgmma kernels ran,
+// not a fallback).
 TEST(CudaMoe, Fp8WgmmaDecodeTilesMatchMmaSync) {
   DSV4_REQUIRE_GPU();
   if (!cuda::moe_wgmma_available()) GTEST_SKIP() << "FP8 wgmma decode tiles need an sm_90 device and an arch-90a build";
@@ -321,19 +323,21 @@ TEST(CudaMoe, Fp8WgmmaDecodeTilesMatchMmaSync) {
     for (int64_t R : {1, 3, 8, 40}) {
       if (d == 4096 && R > 8) continue;
       const Routing rt = make_routing(R, d, K, static_cast<int>(E));
-      auto run = [&](int mode) {
+      auto run = [&](int mode, int tile) {
         cuda::set_moe_decode_wgmma(mode);
+        cuda::set_moe_decode_tile(tile);
         std::vector<float> out = run_poisoned(runner, ex, rt, R, K);
         cuda::set_moe_decode_wgmma(0);
+        cuda::set_moe_decode_tile(0);
         return out;
       };
-      const std::vector<float> mma = run(-1), wg = run(1);
+      const std::vector<float> mma = run(-1, 0), wg = run(1, 8), wg16 = run(1, 16);
       size_t diff = 0, bad = 0;
       for (size_t i = 0; i < wg.size(); ++i) {
         diff += wg[i] != mma[i];
-        bad += !std::isfinite(wg[i]);
+        bad += !std::isfinite(wg[i]) + !std::isfinite(wg16[i]);
       }
-      const double vs_mma = rel_error(wg, mma);
+      const double vs_mma = rel_error(wg, mma), t16_vs_t8 = rel_error(wg16, wg);
       double vs_cpu = 0, mma_cpu = 0;
       if (d < 4096) {
         std::vector<float> ref(static_cast<size_t>(R * d), 0.f);
@@ -342,10 +346,13 @@ TEST(CudaMoe, Fp8WgmmaDecodeTilesMatchMmaSync) {
         mma_cpu = rel_error(mma, ref);
       }
       std::printf("moe fp8 wgmma decode d=%lld I=%lld R=%lld: vs mma.sync %.2e, vs cpu %.2e (mma.sync vs cpu %.2e), "
-                  "%zu differ\n", (long long)d, (long long)I, (long long)R, vs_mma, vs_cpu, mma_cpu, diff);
+                  "%zu differ; 16-token tiles vs 8 %.2e\n",
+                  (long long)d, (long long)I, (long long)R, vs_mma, vs_cpu, mma_cpu, diff, t16_vs_t8);
       EXPECT_EQ(bad, 0u) << "d=" << d << " R=" << R << ": unwritten or non-finite outputs";
       // A misplaced row, token or K chunk is O(1); FP8 re-rounding of h moves ~1e-3.
       EXPECT_LE(vs_mma, 1e-2) << "d=" << d << " I=" << I << " R=" << R;
+      // The same group products and sums in the same order: a wrong octet or token is O(1).
+      EXPECT_LE(t16_vs_t8, 1e-6) << "16-token tiles, d=" << d << " I=" << I << " R=" << R;
       EXPECT_LE(vs_cpu, std::max(1e-2, 2 * mma_cpu)) << "d=" << d << " I=" << I << " R=" << R;
       EXPECT_GT(diff, 0u) << "d=" << d << " R=" << R << ": wgmma output bitwise equal to the mma.sync kernels";
     }
