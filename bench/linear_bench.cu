@@ -96,8 +96,9 @@ void bench_fp8_linear(FastLinear& fast, const char* name, int64_t out, int64_t i
     views.push_back(w);
   }
   const int64_t xin = groups * in, ng = out / groups;
-  for (int64_t rows : {1, 2, 4, 8, 16, 32, 64, 256, 4096}) {
-    if (groups > 1 && rows != 1 && rows != 8 && rows != 16 && rows != 32 && rows != 64) continue;
+  for (int64_t rows : {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 4096}) {
+    if (groups > 1 && rows != 1 && rows != 8 && rows != 16 && rows != 32 && rows != 64 && rows != 256 && rows != 4096)
+      continue;
     DeviceBuffer x(static_cast<size_t>(rows * xin) * 4), y(static_cast<size_t>(rows * out) * 4);
     // Random activations (zeros would let the hardware skip work): N(0, 1).
     dsv4::cuda::fill_normal_f32(x.as<float>(), rows * xin, 1.f, 5 + rows, nullptr);
@@ -105,29 +106,36 @@ void bench_fp8_linear(FastLinear& fast, const char* name, int64_t out, int64_t i
     char buf[96];
     if (groups == 1) {
       // Decode sizes: the tensor-core GEMV (<= 32 rows), the SIMT GEMV on quantised activations
-      // (<= 16 rows) and cuBLASLt (rows padded to 4).
+      // (<= 16 rows) and cuBLASLt (rows padded to 4); past 32 rows cuBLASLt and the wgmma GEMM
+      // (gemm_fp8_grouped.h with one group).
       const int def = fast.gemv_max_rows();
-      for (const char* how : {"mma", "gemv", "lt"}) {
+      for (const char* how : {"mma", "gemv", "lt", "wg"}) {
         const std::string h = how;
-        if ((rows > 32 && h != "lt") || (rows > 16 && h == "gemv")) continue;
+        if ((rows > 32 && h != "lt" && h != "wg") || (rows <= 32 && h == "wg") || (rows > 16 && h == "gemv")) continue;
         fast.set_mma_gemv(h == "mma");
         fast.set_wide_mma_max_bytes(int64_t(1) << 40);  // "mma" is the GEMV at every size
-        fast.set_gemv_max_rows(h == "lt" ? 0 : 16);
+        fast.set_gemv_max_rows(h == "lt" || h == "wg" ? 0 : 16);
+        fast.set_fp8_gemm(h == "wg" ? 1 : -1);
         const double us = median_us([&](int i) {
           fast.run(views[i % copies], x.as<float>(), rows, y.as<float>(), 0, out, in, out, nullptr);
         });
         std::snprintf(buf, sizeof buf, "fp8 %-5s %5lldx%-5lld rows %4lld %s", name, (long long)out, (long long)in,
-                      (long long)rows, rows > 32 ? "" : how);
+                      (long long)rows, how);
         report(buf, us, bytes, flops);
       }
+      fast.set_fp8_gemm(0);
       fast.set_gemv_max_rows(def);
       fast.set_mma_gemv(true);
       fast.set_wide_mma_max_bytes(FastLinear::kDefaultWideMmaMaxBytes);
       continue;
     }
-    const double grouped = median_us([&](int i) {
+    auto run_grouped = [&](int i) {
       fast.run_grouped(views[i % copies], groups, x.as<float>(), rows, y.as<float>(), xin, out, nullptr);
-    });
+    };
+    const double grouped = median_us(run_grouped);
+    fast.set_fp8_gemm(-1);  // past the GEMV: one quantisation, then cuBLASLt per group
+    const double grouped_lt = rows > 32 ? median_us(run_grouped) : 0.0;
+    fast.set_fp8_gemm(0);
     // The per-group loop as it ran before the tensor-core GEMV took grouped rows: above 8 rows
     // on cuBLASLt (rows <= 8 still on the GEMV).
     fast.set_mma_gemv(rows <= 8);
@@ -140,6 +148,10 @@ void bench_fp8_linear(FastLinear& fast, const char* name, int64_t out, int64_t i
     std::snprintf(buf, sizeof buf, "fp8 %-5s %lldx%lldx%lld rows %4lld", name, (long long)groups, (long long)ng,
                   (long long)in, (long long)rows);
     report(buf, grouped, bytes, flops);
+    if (rows > 32) {
+      std::snprintf(buf, sizeof buf, "  (cuBLASLt per group) rows %4lld", (long long)rows);
+      report(buf, grouped_lt, bytes, flops);
+    }
     std::snprintf(buf, sizeof buf, "  (per-group loop) rows %4lld", (long long)rows);
     report(buf, looped, bytes, flops);
   }
@@ -264,23 +276,27 @@ void bench_moe() {
       // (same bits, different latency hiding). From 256 tokens: the size rule, then 8-token and
       // 64-token tiles forced (moe_mma_wide.cu, wgmma). (The persistent streaming kernels of step 8
       // lost on the H100 and the H200 and were removed: bench/NOTES.md step 9.)
-      // dec: the 8-token tiles on FP8 wgmma (0, the default where available) or mma.sync (-1).
+      // dec: the 8-token tiles on FP8 wgmma (0, the default where available) or mma.sync (-1);
+      // tile: the FP8 wgmma tiles' tokens (0 by size, 8, 16).
       struct Variant {
-        int rb, occ, wide, dec;
+        int rb, occ, wide, dec, tile;
         const char* tag;
       };
-      const std::vector<Variant> all = {{0, 3, 0, 0, ""},
-                                        {0, 3, 0, -1, " mma.sync"},
-                                        {1, 3, 0, -1, " mma.sync rb1"},
-                                        {0, 2, 0, -1, " mma.sync occ2"}};
-      std::vector<Variant> tiles = {{0, 3, 0, 0, ""},
-                                    {0, 3, -1, 0, " 8-token tiles"},
-                                    {0, 3, -1, -1, " 8-token mma.sync tiles"},
-                                    {0, 3, 1, 0, " 64-token tiles"}};
+      const std::vector<Variant> all = {{0, 3, 0, 0, 0, ""},
+                                        {0, 3, 0, 0, 8, " fp8 8-token tiles"},
+                                        {0, 3, 0, 0, 16, " fp8 16-token tiles"},
+                                        {0, 3, 0, -1, 0, " mma.sync"},
+                                        {1, 3, 0, -1, 0, " mma.sync rb1"},
+                                        {0, 2, 0, -1, 0, " mma.sync occ2"}};
+      std::vector<Variant> tiles = {{0, 3, 0, 0, 0, ""},
+                                    {0, 3, -1, 0, 8, " 8-token tiles"},
+                                    {0, 3, -1, 0, 16, " 16-token tiles"},
+                                    {0, 3, -1, -1, 0, " 8-token mma.sync tiles"},
+                                    {0, 3, 1, 0, 0, " 64-token tiles"}};
       if (dsv4::cuda::moe_wgmma_available()) {
-        tiles.push_back({0, 3, 2, 0, " 64-token wgmma tiles"});
-        tiles.push_back({0, 3, 3, 0, " 128-token wgmma tiles"});
-        tiles.push_back({0, 3, 4, 0, " 64-token fp8 wgmma tiles"});
+        tiles.push_back({0, 3, 2, 0, 0, " 64-token wgmma tiles"});
+        tiles.push_back({0, 3, 3, 0, 0, " 128-token wgmma tiles"});
+        tiles.push_back({0, 3, 4, 0, 0, " 64-token fp8 wgmma tiles"});
       }
       const std::vector<Variant> variants = !packed ? std::vector<Variant>{all[0]} : R < 256 ? all : tiles;
       for (const Variant& v : variants) {
@@ -290,6 +306,7 @@ void bench_moe() {
           dsv4::cuda::set_moe_mma_variant(rb, v.occ);
           dsv4::cuda::set_moe_wide_tiles(v.wide);
           dsv4::cuda::set_moe_decode_wgmma(v.dec);
+          dsv4::cuda::set_moe_decode_tile(v.tile);
           const double us = median_us([&](int i) {
             const int s = i % sets;
             runner.run(set, x.as<float>(), R, dex.as<int32_t>() + s * R * K, dwt.as<float>() + s * R * K, K, 10.f,
@@ -305,6 +322,7 @@ void bench_moe() {
       dsv4::cuda::set_moe_mma_variant(0, 3);
       dsv4::cuda::set_moe_wide_tiles(0);
       dsv4::cuda::set_moe_decode_wgmma(0);
+      dsv4::cuda::set_moe_decode_tile(0);
     }
   }
 }

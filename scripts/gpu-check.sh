@@ -23,7 +23,8 @@
 # dev: EXTRA_TESTS, MEMCHECK ("binary filter;..."), bench_linear BENCH_LINEAR, bench_ops
 # BENCH_OPS_PARTS, `dsv4 bench --profile`, GEN_CHECK=1: the CLI speculative checks, NSYS=1: nsys
 # kernel sums of batch-1 graph steps, then step (a few decode kernels changed); E2E=0 / STEP=0
-# skip the profile / step. TARGETS="a b": build only those (any mode). E2E_AB (any mode): see e2e_ab.
+# skip the profile / step (PROF_BATCHES, PROF_PREFILL: the profile's sizes, default 1,16,64 and 4096).
+# TARGETS="a b": build only those (any mode). E2E_AB (any mode): see e2e_ab.
 # A PREBUILT archive holding bench/bench_ops_base (bench_ops of a baseline commit): dev runs it first.
 # INDEXER_PROF=1 (dev): nsys kernel sums and ncu sections of the indexer top-k at 262144 entries.
 # FP8_PROF=1 (dev): ncu sections and stall sampling of the FP8 wgmma expert kernels.
@@ -45,8 +46,8 @@ save() {
 
 # `dsv4 bench --profile` (prefill and decode per-op tables); its log and bench_linear's to $OUT.
 e2e_profile() {
-  timeout 300 "$BUILD/tools/dsv4" bench --preset v4-flash --layers 8 --random-weights --batches 1,16,64 --profile \
-    >"$LOG/e2e-profile.log" 2>&1
+  timeout 300 "$BUILD/tools/dsv4" bench --preset v4-flash --layers 8 --random-weights --batches "${PROF_BATCHES:-1,16,64}" \
+    --prefill "${PROF_PREFILL:-4096}" --profile >"$LOG/e2e-profile.log" 2>&1
   summary+=("dsv4 bench --profile: rc=$?")
   cp "$LOG/e2e-profile.log" "$LOG/bench_linear.log" "$OUT/" 2>/dev/null
   save
