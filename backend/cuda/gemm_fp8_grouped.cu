@@ -65,7 +65,7 @@ __global__ void __launch_bounds__(C::kThreads)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int N = C::kN, S = C::kStages;
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  unsigned char* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);  // swizzle atoms: 1024-aligned
+  unsigned char* smem = align_1024(smem_raw);                                       // swizzle atoms
   float* sxs = reinterpret_cast<float*>(smem + S * C::kStageBytes);                // [S][N] activation scales
   const int tid = threadIdx.x, wg = tid >> 7;
   const int64_t o0 = static_cast<int64_t>(blockIdx.x) * C::kM, K = w.in, nkb = K / 128;

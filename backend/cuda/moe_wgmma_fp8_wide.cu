@@ -7,7 +7,9 @@
 // without any shuffle), and wgmma.m64n64k32.e4m3 gives one 32-group's products per call into a
 // fresh accumulator, promoted into the fp32 sum with the group's E8M0 scale times the column's
 // activation scale — the per-group structure of the other Fast kernels; the tensor core's sum of
-// a group's 32 products is not bitwise theirs.
+// a group's 32 products is not bitwise theirs. The codes sit in the stages as 128-byte rows in
+// the 128-byte swizzle (wgmma_desc_sw128; core matrices without swizzle ran the FP8 grouped GEMM
+// of gemm_fp8_grouped.cu 1.6x slower).
 //
 // CTA: two warpgroups of 64 weight rows, one tile of <= 64 tokens, all of K; 4 stages of one
 // 128-block (the tile's codes and scales, the CTA's weight pieces), copied by cp.async three
@@ -31,10 +33,8 @@ constexpr int kWarpgroups = 2;
 constexpr int kThreads = 128 * kWarpgroups;
 constexpr int kCtaRows = 64 * kWarpgroups;
 constexpr int kStages = 4;
-// B operand of one 128-block: group j, half h (16 code bytes), token group tg (8 tokens) is the
-// core matrix at ((2j + h) 8 + tg) 128, token t % 8 at 16 (t % 8) in it.
-constexpr uint32_t kLbo = 8 * 128;  // h -> h + 1 (K)
-constexpr uint32_t kSbo = 128;      // tg -> tg + 1 (N)
+// B operand of one 128-block: token t's 128 code bytes at 128 t, their 16-byte chunk c (group c /
+// 2, half c % 2) at chunk c ^ (t % 8); group j's k-step starts 32 j into the tile.
 constexpr int kChunks = kTok * 8;   // 16-byte chunks of a block
 constexpr int kCopies = kChunks / kThreads;
 static_assert(kChunks % kThreads == 0 && kTok <= kThreads, "whole chunks per thread");
@@ -42,14 +42,14 @@ static_assert(kChunks % kThreads == 0 && kTok <= kThreads, "whole chunks per thr
 // One 128-block: the tile's codes and scales, the CTA's NM x 128 rows of packed FP4 (the two
 // 64-row tiles' 4 KB pieces) and their E8M0 words.
 template <int NM>
-struct Stage {
+struct alignas(1024) Stage {  // act first: swizzle atoms 1024-aligned in every stage
   uint8_t act[kTok * 128];
   float xs[kTok];
   uint8_t w[NM][kCtaRows][64];
   uint32_t e[NM][kCtaRows];
 };
 template <int NM>
-constexpr size_t kSmem = kStages * sizeof(Stage<NM>) + kTok * sizeof(int32_t);
+constexpr size_t kSmem = 1024 + kStages * sizeof(Stage<NM>) + kTok * sizeof(int32_t);  // + alignment
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
@@ -64,7 +64,7 @@ __device__ __forceinline__ void stage_block(Stage<NM>& st, const uint8_t* xq, co
 #pragma unroll
   for (int n = 0; n < kCopies; ++n) {
     const int i = threadIdx.x + kThreads * n, t = i >> 3, c = i & 7;
-    cp_async16(st.act + (c * 8 + (t >> 3)) * 128 + (t & 7) * 16, xq + kb * 128 + off[n]);
+    cp_async16(st.act + t * 128 + ((c ^ (t & 7)) << 4), xq + kb * 128 + off[n]);
   }
   if (threadIdx.x < kTok) cp_async4(&st.xs[threadIdx.x], xs + kb * ldxs + rows[threadIdx.x]);
 #pragma unroll
@@ -117,7 +117,7 @@ __device__ __forceinline__ void block_fp8(const WBlock<NM>& cur, const Stage<NM>
     }
     wgmma_fence();
 #pragma unroll
-    for (int m = 0; m < NM; ++m) wgmma_m64n64k32_e4m3_rs(c[m], a[m], wgmma_desc(st.act + j * 2 * kLbo, kLbo, kSbo), false);
+    for (int m = 0; m < NM; ++m) wgmma_m64n64k32_e4m3_rs(c[m], a[m], wgmma_desc_sw128(st.act + 32 * j), false);
     wgmma_commit();
     wgmma_wait<0>();
 #pragma unroll
@@ -192,7 +192,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                            const uint8_t* __restrict__ xq, const float* __restrict__ xs, int64_t ldxs, int64_t d,
                            int64_t I, float limit, float* __restrict__ H) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  extern __shared__ __align__(128) unsigned char smem[];
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  unsigned char* smem = align_1024(smem_raw);
   if (static_cast<int>(blockIdx.x) >= *n_tiles) return;
   const MoeTile t = tiles[blockIdx.x];
   int32_t* rows = reinterpret_cast<int32_t*>(smem + kStages * sizeof(Stage<2>));
@@ -218,7 +219,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                          const uint8_t* __restrict__ hq, const float* __restrict__ hs, int64_t ldhs, int64_t d,
                          int64_t I, float* __restrict__ Y) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  extern __shared__ __align__(128) unsigned char smem[];
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  unsigned char* smem = align_1024(smem_raw);
   if (static_cast<int>(blockIdx.x) >= *n_tiles) return;
   const MoeTile t = tiles[blockIdx.x];
   int32_t* rows = reinterpret_cast<int32_t*>(smem + kStages * sizeof(Stage<1>));

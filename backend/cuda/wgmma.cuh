@@ -29,6 +29,13 @@ __device__ __forceinline__ uint64_t wgmma_desc_sw128(const void* smem) {
          static_cast<uint64_t>(1024 >> 4) << 32 | static_cast<uint64_t>(1) << 62;
 }
 
+// The first 1024-byte aligned address at or after p in shared memory (swizzle atoms need it;
+// dynamic shared memory is only 16-byte aligned): callers allocate 1024 bytes more.
+__device__ __forceinline__ unsigned char* align_1024(unsigned char* p) {
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  return p + ((1024 - (a & 1023)) & 1023);
+}
+
 // Orders this thread's register writes (A fragments, accumulators) before the next wgmma.
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
