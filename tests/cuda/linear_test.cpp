@@ -201,6 +201,21 @@ TEST(CudaLinear, SharedInputMatchesSeparateRuns) {
   }
 }
 
+// The CPU twin of a block-diagonal linear: per group g, its slice of x (rows of ldx; columns
+// [g k, (g + 1) k)), FP8-quantised as the Fast paths quantise it when `quantised`, then the
+// reference linear into output columns [g ng, (g + 1) ng) of rows of groups * ng.
+std::vector<float> grouped_cpu(const WeightView& w, const std::vector<float>& x, int64_t rows, int64_t ldx,
+                               int64_t groups, int64_t ng, int64_t k, bool quantised) {
+  std::vector<float> ref(static_cast<size_t>(rows * groups * ng));
+  for (int64_t g = 0; g < groups; ++g) {
+    std::vector<float> xs(static_cast<size_t>(rows * k));
+    for (int64_t r = 0; r < rows; ++r) std::memcpy(xs.data() + r * k, x.data() + r * ldx + g * k, k * sizeof(float));
+    if (quantised) xs = fake_quant_fp8(xs, rows, k, k);
+    cpu::linear(w, xs.data(), rows, ref.data() + g * ng, g * ng, (g + 1) * ng, k, groups * ng);
+  }
+  return ref;
+}
+
 // Block-diagonal linears (wo_a): every group against the CPU twin on its slice of x; at decode
 // sizes one launch covers all groups; past them FP8 weights take one quantisation and a
 // strided-batched GEMM (42 rows: padded to 44), the rest loop over run()/linear_exact.
@@ -223,14 +238,7 @@ TEST(CudaLinear, GroupedMatchesPerGroupCpu) {
             const std::vector<float> x = randn(static_cast<size_t>(rows * ldx));
             const bool quantised = path == Path::Fast && (kind == Kind::FP8 || kind == Kind::FP4);
             // Per-group quantisation (what run() does on each slice), then the CPU twin per group.
-            std::vector<float> ref(static_cast<size_t>(rows * n));
-            for (int64_t g = 0; g < groups; ++g) {
-              std::vector<float> xs(static_cast<size_t>(rows * k));
-              for (int64_t r = 0; r < rows; ++r)
-                std::memcpy(xs.data() + r * k, x.data() + r * ldx + g * k, k * sizeof(float));
-              if (quantised) xs = fake_quant_fp8(xs, rows, k, k);
-              cpu::linear(w.host, xs.data(), rows, ref.data() + g * ng, g * ng, (g + 1) * ng, k, n);
-            }
+            const std::vector<float> ref = grouped_cpu(w.host, x, rows, ldx, groups, ng, k, quantised);
             cuda::DeviceBuffer dx = cuda::to_device(x), dy(static_cast<size_t>(rows * ldy) * sizeof(float));
             dy.fill_bytes(0xFF);
             if (path == Path::Exact)
@@ -277,14 +285,7 @@ TEST(CudaLinear, Fp8GroupedGemmMatchesCpuAndCublasLt) {
       TestWeight w = make_weight(Kind::FP8, groups * ng, k);
       const int64_t cols = groups * k, n = groups * ng, ldy = n + 4;
       const std::vector<float> x = randn(static_cast<size_t>(rows * cols));
-      std::vector<float> ref(static_cast<size_t>(rows * n));
-      for (int64_t g = 0; g < groups; ++g) {
-        std::vector<float> xs(static_cast<size_t>(rows * k));
-        for (int64_t r = 0; r < rows; ++r)
-          std::memcpy(xs.data() + r * k, x.data() + r * cols + g * k, k * sizeof(float));
-        xs = fake_quant_fp8(xs, rows, k, k);
-        cpu::linear(w.host, xs.data(), rows, ref.data() + g * ng, g * ng, (g + 1) * ng, k, n);
-      }
+      const std::vector<float> ref = grouped_cpu(w.host, x, rows, cols, groups, ng, k, true);
       cuda::DeviceBuffer dx = cuda::to_device(x);
       auto run = [&](int mode) {
         cuda::DeviceBuffer dy = poisoned<float>(rows * ldy);
@@ -354,14 +355,7 @@ TEST(CudaLinear, GroupedInverseRopeMatchesRopeThenGrouped) {
         // The linear's twin quantises the GPU's rotated x: the CPU rotation differs in the last
         // bits, and a value that lands on the other side of an e4m3 rounding boundary moves its
         // output by ~1e-4 (seen at 32 rows) without saying anything about the linear.
-        std::vector<float> ref(nyy);
-        for (int64_t g = 0; g < groups; ++g) {
-          std::vector<float> xs(static_cast<size_t>(rows * k));
-          for (int64_t r = 0; r < rows; ++r)
-            std::memcpy(xs.data() + r * k, xr.data() + r * cols + g * k, k * sizeof(float));
-          xs = fake_quant_fp8(xs, rows, k, k);
-          cpu::linear(w.host, xs.data(), rows, ref.data() + g * ng, g * ng, (g + 1) * ng, k, n);
-        }
+        const std::vector<float> ref = grouped_cpu(w.host, xr, rows, cols, groups, ng, k, true);
         // rows 40 with FP8 weights: cuBLASLt (rounds); the GEMV paths agree to fp32 sums.
         EXPECT_LE(rel_error(y, ref), kind == Kind::FP8 && rows > 32 ? 1e-2 : 1e-4);
       }
