@@ -31,32 +31,37 @@ namespace {
 
 constexpr int kWarpgroups = 2;
 constexpr int kCtaRows = 64 * kWarpgroups;
-// Stages: TOK 128: gate/up (two weights) 4 x 49 KB, down 5 x 40.5 KB, one CTA per SM; TOK 64:
-// gate/up 6 x 33 KB (one CTA per SM by its registers), down 4 x 24.5 KB (two).
+// Stages: TOK 128: gate/up (two weights) 4 x 49 KB, down 5 x 41 KB, one CTA per SM; TOK 64:
+// gate/up 6 x 33 KB (one CTA per SM by its registers), down 4 x 25 KB (two).
 template <int NM, int TOK>
 constexpr int kStages = TOK == 128 ? (NM == 2 ? 4 : 5) : (NM == 2 ? 6 : 4);
 // 32-groups of K per wgmma commit group.
 template <int TOK>
 constexpr int kGroupsPerCommit = TOK == 128 ? 1 : 2;
-// B operand of one 128-block: token group tg (8 tokens) x 16-byte chunk c (8 positions) is the
-// core matrix at tg * kSbo + c * kLbo, token t % 8 at 16 (t % 8) in it.
-constexpr uint32_t kLbo = 128, kSbo = 16 * 128;
-static_assert(kSbo == 128 / 8 * kLbo, "one token group holds the block's 16 chunks");
+// B operand of one 128-block in the 128-byte swizzle (wgmma_desc_sw128): K half h (64 values,
+// 16-byte chunks 8h .. 8h + 7 of a token's 256 bytes) is a region of TOK rows of 128 bytes,
+// token t's row at 128 t, its chunk c at chunk c ^ (t % 8); k16 step k starts at region k / 4,
+// 32 (k % 4) bytes in. (Unswizzled core matrices ran the FP8 wgmma kernels 1.1-1.6x slower:
+// bench/NOTES.md step 11.)
+template <int TOK>
+__device__ __forceinline__ uint32_t act_offset(int t, int c) {
+  return (c >> 3) * TOK * 128 + t * 128 + (((c & 7) ^ (t & 7)) << 4);
+}
 
 template <int NM, int TOK>
-struct Stage {
-  uint8_t act[TOK / 8 * kSbo];      // bf16 activations, core-matrix order
+struct alignas(1024) Stage {        // act first: the swizzle atoms 1024-aligned in every stage
+  uint8_t act[TOK * 256];           // bf16 activations, two swizzled K halves
   uint8_t w[NM][kCtaRows][64];      // packed FP4 (pack_fp4_for_mma) 128 values per row
   uint32_t e[NM][kCtaRows];         // E8M0 bytes of the block's 4 groups per row
 };
 
 template <int NM, int TOK>
-constexpr size_t wgmma_smem() {
-  return kStages<NM, TOK> * sizeof(Stage<NM, TOK>) + sizeof(int32_t) * TOK;
+constexpr size_t wgmma_smem() {  // + 1024: the stages start at the first 1024-aligned byte
+  return 1024 + kStages<NM, TOK> * sizeof(Stage<NM, TOK>) + sizeof(int32_t) * TOK;
 }
 
-// Activation chunks per thread and block: chunk i = threadIdx.x + 256 n of the tile goes to byte
-// 16 i of a stage: token 8 (i / 128) + i % 8, chunk i / 8 % 16.
+// Activation chunks per thread and block: chunk i = threadIdx.x + 256 n of the tile is token
+// 8 (i / 128) + i % 8, chunk i / 8 % 16 (act_offset).
 template <int TOK>
 constexpr int kActCopies = TOK * 16 / (kWarpgroups * 128);
 
@@ -81,7 +86,10 @@ __device__ __forceinline__ void stage_block(Stage<NM, TOK>& st, const __nv_bfloa
   const __nv_bfloat16* xb = x + kb * 128;
 #pragma unroll
   for (int n = 0; n < kActCopies<TOK>; ++n)
-    if (off[n] != ~0u) cp_async16(st.act + 16 * (threadIdx.x + kWarpgroups * 128 * n), xb + off[n]);
+    if (off[n] != ~0u) {
+      const int i = threadIdx.x + kWarpgroups * 128 * n;
+      cp_async16(st.act + act_offset<TOK>((i >> 7) * 8 + (i & 7), (i >> 3) & 15), xb + off[n]);
+    }
   constexpr int kThreads = kWarpgroups * 128, kWeightCopies = kCtaRows * 4 / kThreads;  // 16-byte chunks per weight
   static_assert(kCtaRows <= kThreads && kCtaRows * 4 % kThreads == 0, "whole weight chunks per thread");
 #pragma unroll
@@ -163,7 +171,8 @@ __device__ __forceinline__ void group_step(const Stage<NM, TOK>& st, int lr, int
   for (int k = 0; k < 2 * G; ++k)
 #pragma unroll
     for (int m = 0; m < NM; ++m) {
-      const uint64_t desc = wgmma_desc(st.act + (2 * j0 + k) * 2 * kLbo, kLbo, kSbo);
+      const int ks = 2 * j0 + k;  // k16 step of the block
+      const uint64_t desc = wgmma_desc_sw128(st.act + (ks >> 2) * TOK * 128 + 32 * (ks & 3));
       if constexpr (WIDE)
         wgmma_m64n128k16_bf16_rs(acc[m], a[k][m], desc, !(first && k == 0));
       else
@@ -249,10 +258,11 @@ __global__ void __launch_bounds__(kWarpgroups * 128, 1)
                         const __nv_bfloat16* __restrict__ xb, int64_t d, int64_t I, float limit,
                         float* __restrict__ H) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  extern __shared__ __align__(128) unsigned char smem[];
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  unsigned char* smem = align_1024(smem_raw);
   if (static_cast<int>(blockIdx.y) >= *n_tiles) return;
   const MoeTile t = tiles[blockIdx.y];
-  int32_t* col_row = reinterpret_cast<int32_t*>(smem + wgmma_smem<2, TOK>() - sizeof(int32_t) * TOK);
+  int32_t* col_row = reinterpret_cast<int32_t*>(smem + kStages<2, TOK> * sizeof(Stage<2, TOK>));
   for (int c = threadIdx.x; c < TOK; c += blockDim.x) col_row[c] = slot_pair[t.start + (c < t.count ? c : 0)] / K;
   __syncthreads();
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kCtaRows;
@@ -278,10 +288,11 @@ __global__ void __launch_bounds__(kWarpgroups * 128, TOK == 64 ? 2 : 1)
                       const int32_t* __restrict__ n_tiles, const int32_t* __restrict__ slot_pair,
                       const __nv_bfloat16* __restrict__ hb, int64_t d, int64_t I, float* __restrict__ Y) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  extern __shared__ __align__(128) unsigned char smem[];
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  unsigned char* smem = align_1024(smem_raw);
   if (static_cast<int>(blockIdx.y) >= *n_tiles) return;
   const MoeTile t = tiles[blockIdx.y];
-  int32_t* col_row = reinterpret_cast<int32_t*>(smem + wgmma_smem<1, TOK>() - sizeof(int32_t) * TOK);
+  int32_t* col_row = reinterpret_cast<int32_t*>(smem + kStages<1, TOK> * sizeof(Stage<1, TOK>));
   for (int c = threadIdx.x; c < TOK; c += blockDim.x) col_row[c] = t.start + (c < t.count ? c : 0);
   __syncthreads();
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kCtaRows;

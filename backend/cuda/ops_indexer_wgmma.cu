@@ -7,8 +7,10 @@
 // read by the tensor cores straight from shared memory, where cp.async stages the next blocks
 // (bf16 keys; fp32 keys are rounded on the way in). One key byte crosses shared memory twice
 // (the copy in, the wgmma read) instead of q's 16 KB per 16 keys.
-// Layout of a staged block (no swizzle, K-major, as moe_wgmma.cu's activations): key e's 16-byte
-// chunk c (dims 8c .. 8c + 7) at (e / 8) * kSbo + c * kLbo + (e % 8) * 16.
+// Layout of a staged block (K-major, 128-byte swizzle: wgmma_desc_sw128): dims 64h .. 64h + 63 of
+// the 64 keys are region h (8 KB), key e's 128 bytes at 128 e in it, its 16-byte chunk c (dims
+// 64h + 8c ..) at chunk c ^ (e % 8); k16 step s starts at region s / 4, 32 (s % 4) bytes in.
+// (Unswizzled core matrices ran the FP8 wgmma kernels 1.1-1.6x slower: bench/NOTES.md step 11.)
 // The D fragment of warp w holds heads 16w + g, 16w + g + 8 for 16 of the 64 keys; the head sum
 // of ω ReLU(d) goes over the lane's two heads, the 8 lanes of a column (shuffles) and the 4 warps
 // (shared memory, in warp order).
@@ -37,11 +39,15 @@ constexpr int kThreads = 128;               // one warpgroup
 constexpr int kStages = 3;                  // blocks in shared memory: one in the MMA, two in flight
 constexpr int kCtasPerSm = 3;               // ~66 KB of shared memory each
 constexpr int kChunks = kDim / 8;           // 16-byte chunks per bf16 key
-[[maybe_unused]] constexpr uint32_t kLbo = 128, kSbo = kChunks * 128;
-constexpr int kBlockBytes = kKeys / 8 * kSbo;              // 16 KB
+constexpr int kBlockBytes = kKeys * kDim * 2;               // 16 KB
+constexpr int kHalfBytes = kKeys * 128;                     // one K half of a block
+
+__device__ __forceinline__ uint32_t key_offset(int e, int c) {
+  return (c >> 3) * kHalfBytes + e * 128 + (((c & 7) ^ (e & 7)) << 4);
+}
 constexpr int kCopies = kKeys * kChunks / kThreads;        // 16-byte chunks per thread and block
 
-struct Smem {
+struct alignas(1024) Smem {  // keys first: the swizzle atoms 1024-aligned
   uint8_t keys[kStages][kBlockBytes];
   float red[kThreads / 32][kKeys];  // per-warp head sums of a block's keys
   uint32_t bins[kSelectBins];       // the select's histogram (when asked for)
@@ -53,7 +59,7 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 }
 
 // Copy i of this thread: key (i / 128) * 8 + i % 8, chunk (i / 8) % 16 — a warp's 32 copies are 8
-// keys x 4 chunks (64 contiguous bytes per key) and fill the 32 banks 4 times, once per chunk.
+// keys x 4 chunks (64 contiguous bytes per key); the swizzle puts a chunk's 8 keys on all banks.
 __device__ __forceinline__ void copy_coords(int i, int& e, int& c) {
   e = (i >> 7) * 8 + (i & 7);
   c = (i >> 3) & 15;
@@ -67,7 +73,7 @@ __device__ __forceinline__ void copy_coords(int i, int& e, int& c) {
     const int i = threadIdx.x + j * kThreads;
     int e, c;
     copy_coords(i, e, c);
-    uint8_t* dst = st + 16 * i;
+    uint8_t* dst = st + key_offset(e, c);
     if (e0 + e < n)
       cp_async16(dst, keys + (e0 + e) * kDim + 8 * c);
     else
@@ -85,7 +91,7 @@ __device__ __forceinline__ void copy_coords(int i, int& e, int& c) {
       lo = __ldg(reinterpret_cast<const float4*>(keys + (e0 + e) * kDim + 8 * c));
       hi = __ldg(reinterpret_cast<const float4*>(keys + (e0 + e) * kDim + 8 * c + 4));
     }
-    *reinterpret_cast<uint4*>(st + 16 * i) =
+    *reinterpret_cast<uint4*>(st + key_offset(e, c)) =
         make_uint4(pack_bf16(lo.x, lo.y), pack_bf16(lo.z, lo.w), pack_bf16(hi.x, hi.y), pack_bf16(hi.z, hi.w));
   }
 }
@@ -97,7 +103,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
                                float* __restrict__ scores, int64_t ld, uint32_t* __restrict__ hist) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
+  Smem& sm = *reinterpret_cast<Smem*>(align_1024(smem_raw));
   const int64_t r = blockIdx.y;
   const IndexerRow row = rows[r];
   const int64_t n = row.n_visible, nblocks = ceil_div(n, int64_t(kKeys));
@@ -141,7 +147,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm)
     wgmma_fence();
 #pragma unroll
     for (int s = 0; s < kDim / 16; ++s)
-      wgmma_m64n64k16_bf16_rs(d, qa[s], wgmma_desc(st + 2 * s * kLbo, kLbo, kSbo), s > 0);
+      wgmma_m64n64k16_bf16_rs(d, qa[s], wgmma_desc_sw128(st + (s >> 2) * kHalfBytes + 32 * (s & 3)), s > 0);
     wgmma_commit();
     wgmma_wait<0>();
     wgmma_pin(d);
@@ -203,7 +209,7 @@ void indexer_score_wgmma(const float* q, const float* omega, const IndexerRow* r
   if (R == 0 || max_visible == 0) return;
   auto* kernel =
       keys == KeyFormat::BF16 ? indexer_score_wgmma_kernel<__nv_bfloat16> : indexer_score_wgmma_kernel<float>;
-  const size_t smem = sizeof(Smem);
+  const size_t smem = 1024 + sizeof(Smem);  // + the alignment of the swizzle atoms
   DSV4_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   // CTAs per row: kCtasPerSm per SM over the call, at most one per block of keys.
   const int64_t per_row = std::clamp<int64_t>(ceil_div(kCtasPerSm * sm_count(), R), 1, ceil_div(max_visible, kKeys));

@@ -115,7 +115,10 @@ void run_case(const std::vector<int64_t>& visible, int64_t nh, int64_t hd, int64
       EXPECT_LE(std::fabs(s[g] - s[want[i]]), (fast ? 1e-4f : 1e-5f) * scale) << "row " << r << " slot " << i;
       ++swaps;
     }
-    EXPECT_LE(swaps, fast ? 16 : 4) << "row " << r;
+    // Near-ties swap at random (each one checked above): at top-2048 of 40000 fp32 scores a row
+    // sees ~3 on average and more than 4 in ~15% of rows (a CPU model of both summation orders),
+    // so the bound grows with topk; a systematic error fails the tolerance check instead.
+    EXPECT_LE(swaps, std::max<int64_t>(fast ? 16 : 4, topk / 64)) << "row " << r;
     // The picks are distinct.
     std::vector<int32_t> picks(got.begin() + r * topk, got.begin() + r * topk + want.size());
     std::sort(picks.begin(), picks.end());
