@@ -206,9 +206,10 @@ if [[ "$MODE" == dev && "${FP8_PROF:-0}" == 1 ]]; then
 fi
 
 if [[ "$MODE" == step || "$MODE" == quick || ( "$MODE" == dev && "${STEP:-1}" == 1 ) || "$MODE" == verify || "$MODE" == final ]]; then
-  # Each kernel's own duration in one eager decode step at batch 1 (what a graph replay pays).
+  # Each kernel's own duration in one eager decode step at batch STEP_BATCH (default 1; what a
+  # graph replay pays).
   timeout 200 ncu --nvtx --nvtx-include "dsv4_decode_step/" --metrics gpu__time_duration.sum --csv \
-    "$BUILD/tools/dsv4" bench --preset v4-flash --layers 8 --random-weights --batches 1 --prefill 64 --steps 2 \
+    "$BUILD/tools/dsv4" bench --preset v4-flash --layers 8 --random-weights --batches "${STEP_BATCH:-1}" --prefill 64 --steps 2 \
     --profile >"$LOG/ncu-step.csv" 2>"$LOG/ncu-step.err"
   python3 scripts/ncu_step_summary.py "$LOG/ncu-step.csv" >"$LOG/ncu-step-summary.log" 2>&1
   summary+=("ncu step: $(head -1 "$LOG/ncu-step-summary.log")")

@@ -34,6 +34,7 @@ namespace {
 using mhc::gather_mu;
 using mhc::kMaxN;
 using mhc::kProjThreads;
+using mhc::mix_column;
 using mhc::mix_slice;
 using mhc::rms_factor;
 using mhc::sinkhorn_warp;
@@ -50,19 +51,21 @@ __global__ void __launch_bounds__(kProjThreads)
 // K slice and stages both operands through shared memory, so that every fn value read from L2
 // serves 128 rows (the per-row kernel re-read all of fn from L2 for every 4 rows: 1.6 GB per
 // 4096-row call, which bounded it). Thread (row r, output group og) holds rows r + 32 i (i < 4)
-// of outputs og * TO .. + TO; group 0 also sums x². Two cp.async stages of kTileK columns.
-constexpr int kTileRows = 128, kTileK = 32, kTilePitch = kTileK + 4, kTileMinRows = 256;
+// of outputs og * TO .. + TO; group 0 also sums x². kTileStages cp.async stages of kTileK columns,
+// kTileStages - 1 in flight: a 256-row call's blocks hold 4 tiles each, and with two stages every
+// tile waited for its own DRAM round trip (~18 us at 256 rows, 1 TB/s).
+constexpr int kTileRows = 128, kTileK = 32, kTilePitch = kTileK + 4, kTileMinRows = 256, kTileStages = 4;
 constexpr int kTileGroups = 8, kTileRowThreads = kTileRows / 4;
 static_assert(kTileRowThreads * kTileGroups == 256, "one thread per (row thread, output group)");
 
 template <int TO>
 struct TileSmem {
-  float x[2][kTileRows][kTilePitch];  // rows 16 B apart in banks: a load's 4 rows do not conflict
-  float f[2][kTileGroups * TO][kTilePitch];
+  float x[kTileStages][kTileRows][kTilePitch];  // rows 16 B apart in banks: a load's 4 rows do not conflict
+  float f[kTileStages][kTileGroups * TO][kTilePitch];
 };
 
 template <int TO>
-__global__ void __launch_bounds__(256, 2)  // 3 per SM spills at TO = 3
+__global__ void __launch_bounds__(256, 2)  // 3 per SM spills at TO = 3 (and 4 stages fit 2)
     hc_project_tiled_kernel(const float* __restrict__ fn, const float* __restrict__ X, int64_t R, int64_t nd,
                             int n_out, int64_t slice, float* __restrict__ stash, int64_t ld) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -83,20 +86,23 @@ __global__ void __launch_bounds__(256, 2)  // 3 per SM spills at TO = 3
       const int o = c / (kTileK / 4), c4 = c % (kTileK / 4);
       cp_async16(&S.f[buf][o][4 * c4], fn + std::min(o, n_out - 1) * nd + k0 + 4 * c4);
     }
-    cp_async_commit();
   };
   const int og = tid & (kTileGroups - 1), rt = tid / kTileGroups;  // a warp: 4 row threads x 8 groups
   float acc[4][TO] = {}, ss[4] = {};
-  if (nt > 0) load(0, kb);
+  // One commit group per tile (empty past the end), so that tile t is complete once at most
+  // kTileStages - 2 newer groups are pending.
+#pragma unroll
+  for (int t = 0; t < kTileStages - 1; ++t) {
+    if (t < nt) load(t, kb + t * int64_t(kTileK));
+    cp_async_commit();
+  }
   for (int t = 0; t < nt; ++t) {
-    if (t + 1 < nt) {
-      load((t + 1) & 1, kb + (t + 1) * int64_t(kTileK));
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
-    __syncthreads();
-    const int b = t & 1;
+    cp_async_wait<kTileStages - 2>();
+    __syncthreads();  // tile t visible to all; every thread is past tile t - 1, whose buffer is refilled next
+    const int tn = t + kTileStages - 1;
+    if (tn < nt) load(tn % kTileStages, kb + tn * int64_t(kTileK));
+    cp_async_commit();
+    const int b = t % kTileStages;
 #pragma unroll
     for (int k = 0; k < kTileK; k += 4) {
       float4 xv[4], fv[TO];
@@ -112,7 +118,6 @@ __global__ void __launch_bounds__(256, 2)  // 3 per SM spills at TO = 3
           acc[i][o] += fv[o].x * xv[i].x + fv[o].y * xv[i].y + fv[o].z * xv[i].z + fv[o].w * xv[i].w;
       }
     }
-    __syncthreads();  // the buffer is refilled by the next iteration's load
   }
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -135,11 +140,41 @@ __device__ void slice_range(int64_t d, int slices, int64_t& c0, int64_t& c1) {
 }
 
 
+// The whole row's mix, then the sub-layer RMS norm of it in place: rms_norm_kernel's loop and
+// sums at 256 threads (same bits as the two launches it replaces); each thread rescales the
+// columns it wrote itself.
+__device__ void mix_norm_row(const float* X, const float* coef, int n, int64_t d, float* out, const float* w,
+                             float eps) {
+  __shared__ double red[32];
+  const float4* X4 = reinterpret_cast<const float4*>(X);
+  float4* O4 = reinterpret_cast<float4*>(out);
+  const int64_t d4 = d / 4;
+  double ss = 0.0;
+  for (int64_t c = threadIdx.x; c < d4; c += blockDim.x) {
+    const float4 v = mix_column<kMaxN>(X4, coef, n, d4, c);
+    O4[c] = v;
+    ss += double(v.x) * v.x + double(v.y) * v.y + double(v.z) * v.z + double(v.w) * v.w;
+  }
+  ss = detail::block_sum(ss, red);
+  const float inv = 1.0f / sqrtf(static_cast<float>(ss / d) + eps);
+  for (int64_t c = threadIdx.x; c < d4; c += blockDim.x) {
+    float4 v = O4[c];
+    const float4 g = reinterpret_cast<const float4*>(w)[c];
+    v.x = g.x * (v.x * inv);
+    v.y = g.y * (v.y * inv);
+    v.z = g.z * (v.z * inv);
+    v.w = g.w * (v.w * inv);
+    O4[c] = v;
+  }
+}
+
 // Grid (R, slices + 1): blocks y < slices mix their column slice with the pre gates (which need
-// only mu); block y == slices writes pre / post and runs Sinkhorn for comb.
+// only mu); block y == slices writes pre / post and runs Sinkhorn for comb. norm_w (slices == 1
+// only): the mixing block also applies the sub-layer norm to its row.
 __global__ void hc_pre_finish_kernel(const float* X, const float* stash, int64_t ld_stash, HcParams p, int n, int64_t d,
                                      int ksplit, int iters, float hc_eps, float rms_eps, int slices, float* pre,
-                                     float* post, float* comb, float* u) {
+                                     float* post, float* comb, float* u, const float* norm_w = nullptr,
+                                     float norm_eps = 0.f) {
   __shared__ float mu[(2 + kMaxN) * kMaxN + 1];
   __shared__ float s_pre[kMaxN];
   const int64_t r = blockIdx.x;
@@ -151,6 +186,7 @@ __global__ void hc_pre_finish_kernel(const float* X, const float* stash, int64_t
     if (threadIdx.x < n)
       s_pre[threadIdx.x] = sigmoidf_(p.scale[0] * (mu[threadIdx.x] * rho) + p.base[threadIdx.x]) + hc_eps;
     __syncthreads();
+    if (norm_w) return mix_norm_row(X + r * n * d, s_pre, n, d, u + r * d, norm_w, norm_eps);
     int64_t c0, c1;
     slice_range(d, slices, c0, c1);
     mix_slice<kMaxN>(X + r * n * d, s_pre, n, d, c0, c1, u + r * d);
@@ -318,16 +354,22 @@ void hc_pre(const HcParams& p, const float* X, int64_t R, int64_t n, int64_t d, 
     }
     return;
   }
-  if (norm_w) {  // unfused: the mix, then the norm on s (the gates may still run beside it)
+  const int slices = mix_slices(R, d);
+  // One mixing block per row (slices == 1) applies the norm itself; rms_norm_kernel's form (256
+  // threads from d = 1024, float4 loads) is what makes the bits the same.
+  const auto al = [](const void* q) { return (reinterpret_cast<uintptr_t>(q) & 15) == 0; };
+  const bool norm_inside = norm_w && slices == 1 && d >= 1024 && al(X) && al(u) && al(norm_w);
+  if (norm_w && !norm_inside) {  // unfused: the mix, then the norm on s (the gates may still run beside it)
     hc_pre(p, X, R, n, d, iters, hc_eps, rms_eps, pre, post, comb, u, s, gates_s, projected);
     return rms_norm(u, norm_w, u, R, d, norm_eps, s);
   }
   const int ks = project(p.fn, X, R, n, d, n_out, st, s);
-  const int slices = mix_slices(R, d);
   const unsigned rows = static_cast<unsigned>(R);
   auto finish = [&](dim3 grid, int n_slices, cudaStream_t on) {
+    const bool mixing = n_slices > 0;  // the gates-only launch never normalises
     hc_pre_finish_kernel<<<grid, 256, 0, on>>>(X, st, d, p, static_cast<int>(n), d, ks, static_cast<int>(iters), hc_eps,
-                                               rms_eps, n_slices, pre, post, comb, u);
+                                               rms_eps, n_slices, pre, post, comb, u,
+                                               mixing && norm_inside ? norm_w : nullptr, norm_eps);
     DSV4_CUDA_LAUNCH_CHECK();
   };
   if (!gates_s) return finish(dim3(rows, slices + 1), slices, s);
