@@ -187,14 +187,17 @@ __global__ void __launch_bounds__(kChunkThreads)
   const int64_t r = blockIdx.y, n = rows[r].n_visible, base = static_cast<int64_t>(blockIdx.x) * kChunk;
   if (base >= n) return;
   const uint32_t kk = static_cast<uint32_t>(std::min<int64_t>(topk, n));
-  const uint32_t thr = threshold_bin(hist + r * kBins, kk);
   const int lane = threadIdx.x & 31;
-  uint32_t keys[kPerThread];
+  float raw[kPerThread];
 #pragma unroll
   for (int j = 0; j < kPerThread; ++j) {  // loads first: in flight together (the candidate stores
-    const int64_t i = base + threadIdx.x + j * kChunkThreads;  // below kept each behind the last)
-    keys[j] = i < n ? float_key(__ldg(scores + r * ld + i)) : 0u;
+    const int64_t i = base + threadIdx.x + j * kChunkThreads;  // below kept each behind the last),
+    raw[j] = i < n ? __ldg(scores + r * ld + i) : 0.f;          // and during the threshold's scan
   }
+  const uint32_t thr = threshold_bin(hist + r * kBins, kk);
+  uint32_t keys[kPerThread];
+#pragma unroll
+  for (int j = 0; j < kPerThread; ++j) keys[j] = float_key(raw[j]);
 #pragma unroll
   for (int j = 0; j < kPerThread; ++j) {
     const int64_t i = base + threadIdx.x + j * kChunkThreads;
@@ -210,35 +213,42 @@ __global__ void __launch_bounds__(kChunkThreads)
   }
 }
 
-// Descending bitonic sort of 2 x kSelThreads keys held two per thread (thread t: elements 2t,
-// 2t + 1), written out as picks: exchanges with a partner in the same warp go through shuffles,
-// only the 15 stages whose partner is in another warp through shared memory (a shared-memory
-// network of 1024-2048 keys spent ~60 barriers of 1024 threads: 21 us of the 256k-entry top-k).
+// Descending bitonic sort of the first P keys (a power of two in [64, 2 x kSelThreads]) held two
+// per thread (thread t: elements 2t, 2t + 1): exchanges with a partner in the same warp go through
+// shuffles, only the stages whose partner is in another warp through shared memory (a
+// shared-memory network of 1024-2048 keys spent ~60 barriers of 1024 threads: 21 us of the
+// 256k-entry top-k). Warps past P / 2 keys only meet the barriers: sized to the candidates (a
+// few hundred past k), the network has fewer stages and half the warps issue.
 constexpr int kRegSortKeys = 2 * kSelThreads;
-__device__ void sort_desc_in_registers(uint64_t (&v)[2], uint64_t* xchg) {
+__device__ void sort_desc_in_registers(uint64_t (&v)[2], uint64_t* xchg, int P) {
   const int t = threadIdx.x;
+  const bool active = 2 * t < P;  // warp-uniform: P / 2 is a multiple of 32
   auto keep = [](uint64_t mine, uint64_t other, int e, int j, int k) {
     const int lower = e < (e ^ j) ? e : (e ^ j);
     const bool desc = (lower & k) == 0, first = e == lower;  // the lower index takes the max when desc
     return (desc == first) ? (mine > other ? mine : other) : (mine < other ? mine : other);
   };
-  for (int k = 2; k <= kRegSortKeys; k <<= 1) {
+  for (int k = 2; k <= P; k <<= 1) {
     for (int j = k >> 1; j > 0; j >>= 1) {
       uint64_t p[2];
-      if (j == 1) {
+      if ((j >> 1) >= 32) {  // partner in another warp: every thread meets the barriers
+        if (active) xchg[2 * t] = v[0], xchg[2 * t + 1] = v[1];
+        __syncthreads();
+        if (active)
+#pragma unroll
+          for (int b = 0; b < 2; ++b) p[b] = xchg[(2 * t + b) ^ j];
+        __syncthreads();
+      } else if (!active) {
+        continue;
+      } else if (j == 1) {
         p[0] = v[1], p[1] = v[0];
-      } else if ((j >> 1) < 32) {
+      } else {
 #pragma unroll
         for (int b = 0; b < 2; ++b) p[b] = __shfl_xor_sync(kFull, v[b], j >> 1);
-      } else {
-        xchg[2 * t] = v[0], xchg[2 * t + 1] = v[1];
-        __syncthreads();
-#pragma unroll
-        for (int b = 0; b < 2; ++b) p[b] = xchg[(2 * t + b) ^ j];
-        __syncthreads();
       }
+      if (active)
 #pragma unroll
-      for (int b = 0; b < 2; ++b) v[b] = keep(v[b], p[b], 2 * t + b, j, k);
+        for (int b = 0; b < 2; ++b) v[b] = keep(v[b], p[b], 2 * t + b, j, k);
     }
   }
 }
@@ -255,13 +265,15 @@ __global__ void __launch_bounds__(kSelThreads)
     return;
   }
   if (count <= kRegSortKeys) {  // a few hundred past k: sorted in registers
+    int P = 64;
+    while (P < count) P <<= 1;
     uint64_t v[2];
 #pragma unroll
     for (int b = 0; b < 2; ++b) {
       const int64_t i = 2 * threadIdx.x + b;
       v[b] = i < count ? cand[r * kMaxCand + i] : 0;  // 0 pads sort last
     }
-    sort_desc_in_registers(v, sc);
+    sort_desc_in_registers(v, sc, P);
 #pragma unroll
     for (int b = 0; b < 2; ++b) {
       const int64_t i = 2 * threadIdx.x + b;
@@ -280,13 +292,14 @@ __global__ void __launch_bounds__(kSelThreads)
 }  // namespace
 
 void indexer_select(const float* scores, int64_t ld, const IndexerRow* rows, int64_t R, int64_t topk,
-                    int64_t max_visible, int32_t* out, cudaStream_t s, const uint32_t* hist) {
+                    int64_t max_visible, int32_t* out, cudaStream_t s, const uint32_t* hist, uint32_t* counts) {
+  DSV4_CHECK(!counts || hist, "indexer_select: zeroed counts come with a prebuilt histogram");
   DSV4_CHECK(topk >= 1 && topk <= kMaxIndexerTopk, "cuda::indexer_topk: topk must be in [1, ", kMaxIndexerTopk, "]");
   if (R == 0) return;
   if (R > kMaxGridRows) {  // grids hold rows in y
     for_row_ranges(R, [&](int64_t r0, int64_t n) {
       indexer_select(scores + r0 * ld, ld, rows + r0, n, topk, max_visible, out + r0 * topk, s,
-                     hist ? hist + r0 * kBins : nullptr);
+                     hist ? hist + r0 * kBins : nullptr, counts ? counts + r0 : nullptr);
     });
     return;
   }
@@ -295,11 +308,12 @@ void indexer_select(const float* scores, int64_t ld, const IndexerRow* rows, int
     DSV4_CUDA_LAUNCH_CHECK();
     return;
   }
-  // [R] candidate counts, then (without a prebuilt one) the [R, kBins] histogram: one memset.
+  // [R] candidate counts, then (without a prebuilt one) the [R, kBins] histogram: one memset
+  // (none when the caller zeroed the counts with its histogram).
   const size_t words = static_cast<size_t>(R) * (hist ? 1 : kBins + 1);
-  uint32_t* cnt = async_scratch_of<uint32_t>(words, s);
+  uint32_t* cnt = counts ? counts : async_scratch_of<uint32_t>(words, s);
   uint64_t* cand = async_scratch_of<uint64_t>(static_cast<size_t>(R) * kMaxCand, s);
-  DSV4_CUDA_CHECK(cudaMemsetAsync(cnt, 0, words * sizeof(uint32_t), s));
+  if (!counts) DSV4_CUDA_CHECK(cudaMemsetAsync(cnt, 0, words * sizeof(uint32_t), s));
   const dim3 grid(static_cast<unsigned>(ceil_div(max_visible, kChunk)), static_cast<unsigned>(R));
   if (!hist) {
     uint32_t* own = cnt + R;
@@ -315,7 +329,7 @@ void indexer_select(const float* scores, int64_t ld, const IndexerRow* rows, int
   select_candidates_kernel<<<static_cast<unsigned>(R), kSelThreads, smem, s>>>(scores, ld, rows, topk, cnt, cand, out);
   DSV4_CUDA_LAUNCH_CHECK();
   async_release(cand, s);
-  async_release(cnt, s);
+  if (!counts) async_release(cnt, s);
 }
 
 }  // namespace dsv4::cuda::detail
