@@ -14,6 +14,7 @@
 #include "backend/cuda/check.h"
 #include "backend/cuda/device.h"
 #include "backend/cuda/fill_random.h"
+#include "backend/cuda/gemm_fp8_grouped.h"
 #include "backend/cuda/linear.h"
 #include "backend/cuda/moe.h"
 
@@ -133,6 +134,15 @@ void bench_fp8_linear(FastLinear& fast, const char* name, int64_t out, int64_t i
       fast.run_grouped(views[i % copies], groups, x.as<float>(), rows, y.as<float>(), xin, out, nullptr);
     };
     const double grouped = median_us(run_grouped);
+    if (rows == 64 || rows == 256) {  // the own GEMM's CTA tiles, each forced
+      const char* tiles[] = {"", "64x64", "128x128", "128x64", "64x128"};
+      for (int c = 1; c <= 4; ++c) {
+        cuda::detail::set_grouped_gemm_cfg(c);
+        std::snprintf(buf, sizeof buf, "  (tile %s) rows %4lld", tiles[c], (long long)rows);
+        report(buf, median_us(run_grouped), bytes, flops);
+      }
+      cuda::detail::set_grouped_gemm_cfg(0);
+    }
     fast.set_fp8_gemm(-1);  // past the GEMV: one quantisation, then cuBLASLt per group
     const double grouped_lt = rows > 32 ? median_us(run_grouped) : 0.0;
     fast.set_fp8_gemm(0);

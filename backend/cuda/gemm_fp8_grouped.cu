@@ -38,6 +38,14 @@ struct GroupedCfg {
 // SM); larger: two warpgroups sharing a 128-row activation tile (half the activation traffic).
 using SmallCfg = GroupedCfg<1, 64, 4>;
 using LargeCfg = GroupedCfg<2, 128, 5>;
+// Measured against those two at 129-512 rows (set_grouped_gemm_cfg): 128 weight rows x 64
+// tokens, and 64 x 128; both 24 KB stages, two CTAs per SM.
+using TallCfg = GroupedCfg<2, 64, 4>;
+using WideCfg = GroupedCfg<1, 128, 4>;
+// (Two accumulator sets, block kb's wgmmas running while block kb - 1 is promoted, compiled to
+// serialised wgmmas: ptxas C7514, the promotion reads accumulators inside a pipeline stage.)
+
+int g_forced_cfg = 0;  // set_grouped_gemm_cfg
 
 __device__ __forceinline__ int chunk_offset(int r, int c) { return r * 128 + ((c ^ (r & 7)) << 4); }
 
@@ -158,12 +166,27 @@ void fp8_grouped_gemm(const DevWeight& w, int64_t groups, const uint8_t* xq, int
              "multiple of 64 rows and 16-byte aligned activation rows");
   DSV4_CHECK(rows >= 1 && rows < (1ll << 31) && ldxs >= rows, "fp8_grouped_gemm: bad row count");
   const int64_t ng = w.out / groups;
+  if (g_forced_cfg != 0) {
+    const bool m128 = g_forced_cfg == 2 || g_forced_cfg == 3;
+    DSV4_CHECK(!m128 || ng % 128 == 0, "fp8_grouped_gemm: the forced tile needs groups of 128-row multiples");
+    switch (g_forced_cfg) {
+      case 1: return launch<SmallCfg>(w, ng, xq, ldq, xs, ldxs, rows, y, ldy, s);
+      case 2: return launch<LargeCfg>(w, ng, xq, ldq, xs, ldxs, rows, y, ldy, s);
+      case 3: return launch<TallCfg>(w, ng, xq, ldq, xs, ldxs, rows, y, ldy, s);
+      default: return launch<WideCfg>(w, ng, xq, ldq, xs, ldxs, rows, y, ldy, s);
+    }
+  }
   if (rows <= 128)
     launch<SmallCfg>(w, ng, xq, ldq, xs, ldxs, rows, y, ldy, s);
   else if (ng % 128 == 0)
     launch<LargeCfg>(w, ng, xq, ldq, xs, ldxs, rows, y, ldy, s);
   else
     launch<SmallCfg>(w, ng, xq, ldq, xs, ldxs, rows, y, ldy, s);
+}
+
+void set_grouped_gemm_cfg(int cfg) {
+  DSV4_CHECK(cfg >= 0 && cfg <= 4, "set_grouped_gemm_cfg: 0 (by size) .. 4");
+  g_forced_cfg = cfg;
 }
 
 }  // namespace dsv4::cuda::detail

@@ -19,5 +19,8 @@ bool fp8_grouped_gemm_ok(const DevWeight& w, int64_t groups);
 // products summed by the tensor core, then scaled and added in fp32 (the W8A8 numbers).
 void fp8_grouped_gemm(const DevWeight& w, int64_t groups, const uint8_t* xq, int64_t ldq, const float* xs, int64_t ldxs,
                       int64_t rows, float* y, int64_t ldy, cudaStream_t s);
+// Benchmarks: force the CTA tile (weight rows x tokens): 0 by size (default), 1 64 x 64, 2 128 x
+// 128, 3 128 x 64, 4 64 x 128.
+void set_grouped_gemm_cfg(int cfg);
 
 }  // namespace dsv4::cuda::detail
