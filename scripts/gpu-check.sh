@@ -7,7 +7,7 @@
 # verify: quick, then compute-sanitizer on the decode kernels' tests, the CLI speculative checks
 # and the MTP bench (one lease: a short session's closing run). final: verify without the MTP
 # bench, plus bench_ops (attention, indexer top-k at 16k / 64k / 256k entries).
-# step: ncu kernel durations of one decode step (scripts/ncu_step_summary.py).
+# step: ncu kernel durations of one decode step at batch STEP_BATCH (default 1; scripts/ncu_step_summary.py).
 # ops: bench_ops attention + indexer with the async scratch pool released / kept.
 # moe: only the MoE test binary, bench_linear moe and `dsv4 bench --profile` (built alone: quick
 # iterations on the expert kernels), with memcheck on the wgmma test and on MEMCHECK.
