@@ -85,7 +85,7 @@ void run_case(const std::vector<int64_t>& visible, int64_t nh, int64_t hd, int64
     rows.push_back(cuda::IndexerRow{dkeys.back().as<uint8_t>(), visible[r]});
   }
   auto keys_of = [&](int64_t r) -> const std::vector<float>& { return own[shared_keys ? 0 : r]; };
-  DeviceBuffer dq = to_device(q), dom = to_device(omega), drows = to_device(rows), dout = poisoned<int32_t>(R * topk);
+  DeviceBuffer dq = to_device(q), dom = to_device(omega), drows = to_device(rows), dout = test::poisoned_indices(R * topk);
   if (pass_max || fast)
     cuda::indexer_topk(dq.as<float>(), dom.as<float>(), drows.as<cuda::IndexerRow>(), R, nh, hd, topk,
                        *std::max_element(visible.begin(), visible.end()), dout.as<int32_t>(), nullptr, fast,
@@ -200,7 +200,7 @@ TEST(CudaOpsIndexer, Bf16KeysScoreBitwiseAsFp32Keys) {
     const void* k = f == cuda::KeyFormat::BF16 ? static_cast<const void*>(k16.as<uint8_t>()) : k32.as<uint8_t>();
     std::vector<cuda::IndexerRow> rows;
     for (int64_t n : visible) rows.push_back(cuda::IndexerRow{k, n});
-    DeviceBuffer drows = to_device(rows), dsc = poisoned<float>(R * mx), dout = poisoned<int32_t>(R * topk);
+    DeviceBuffer drows = to_device(rows), dsc = poisoned<float>(R * mx), dout = test::poisoned_indices(R * topk);
     cuda::detail::indexer_score_mma(dq.as<float>(), dom.as<float>(), drows.as<cuda::IndexerRow>(), R, nh, hd, mx,
                                     dsc.as<float>(), mx, nullptr, f);
     cuda::indexer_topk(dq.as<float>(), dom.as<float>(), drows.as<cuda::IndexerRow>(), R, nh, hd, topk, mx,

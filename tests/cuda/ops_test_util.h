@@ -17,6 +17,14 @@ cuda::DeviceBuffer poisoned(size_t count) {
   return b;
 }
 
+// int32 outputs where -1 is a valid value (the indexer's empty slots): 0x7F7F7F7F, neither -1
+// nor any index, so an unwritten row fails.
+inline cuda::DeviceBuffer poisoned_indices(size_t count) {
+  cuda::DeviceBuffer b(count * sizeof(int32_t));
+  b.fill_bytes(0x7F);
+  return b;
+}
+
 // theta^(-2i/rope_dim), i < pairs (the unscaled RoPE table).
 inline std::vector<float> inv_freqs(int64_t pairs, double theta = 10000.0) {
   std::vector<float> f(static_cast<size_t>(pairs));
