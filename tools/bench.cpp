@@ -176,14 +176,15 @@ int run_bench(const BenchOptions& opt) {
     const double graph_ms = run_steps(opt.steps + 2, true);  // the first two capture
     const double step_ms = graph_ms;
     const double touched = E * (1.0 - std::pow(1.0 - K / E, double(B)));
-    // Cache read per sequence (fp32 layout): window + visible compressed entries + indexer keys
-    // (bf16 when the model stores them so).
+    // Cache read per sequence: window + visible compressed entries + indexer keys, each in the
+    // format the model stores (bf16 keys in Fast precision where the kernels take them).
     double cache = 0;
     const double ctx = double(opt.context), key_bytes = model.index_keys() == cuda::KeyFormat::BF16 ? 2 : 4;
+    const double kv_bytes = model.kv_format() == cuda::KeyFormat::BF16 ? 2 : 4;
     for (int64_t l = 0; l < cfg.num_layers; ++l) {
       const int64_t m = cfg.compress_ratio[l];
-      cache += double(std::min<int64_t>(cfg.sliding_window, opt.context)) * cfg.head_dim * 4;
-      if (m > 0) cache += std::floor(ctx / m) * cfg.head_dim * 4;
+      cache += double(std::min<int64_t>(cfg.sliding_window, opt.context)) * cfg.head_dim * kv_bytes;
+      if (m > 0) cache += std::floor(ctx / m) * cfg.head_dim * kv_bytes;
       if (cfg.layer_kinds[l] == AttnKind::CSA) cache += std::floor(ctx / m) * cfg.index_head_dim * key_bytes;
     }
     const double bytes = double(dense) + touched * double(expert) * cfg.num_layers + cache * B;

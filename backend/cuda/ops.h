@@ -24,9 +24,12 @@ void rope(float* x, int64_t rows, int64_t heads, int64_t len, const float* inv_f
           const int64_t* pos, bool inverse, cudaStream_t s);
 
 // rms_norm over each head's len channels (gamma [len] or nullptr), then rope (forward), in place
-// in one launch (q-norm + RoPE, kv-norm + RoPE of the attention).
+// in one launch (q-norm + RoPE, kv-norm + RoPE of the attention). bf16_out: the result rounded
+// to bf16 (nearest even) into bf16_out [rows, heads, len] instead (a model that stores its
+// attention keys as bf16); x is then scratch (unchanged, or normalised in place by the fallback
+// for unaligned shapes).
 void rms_norm_rope(float* x, const float* gamma, int64_t rows, int64_t heads, int64_t len, float eps,
-                   const float* inv_freq, int64_t pairs, const int64_t* pos, cudaStream_t s);
+                   const float* inv_freq, int64_t pairs, const int64_t* pos, cudaStream_t s, void* bf16_out = nullptr);
 
 // ---- mHC (model/mhc.h is the twin) ---------------------------------------------------------------
 
@@ -140,8 +143,13 @@ struct AttnRow {
 // per head in the denominator, scale 1/sqrt(D). fast (H % 64 == 0, D == 512): q, keys and
 // probabilities rounded to bf16 on tensor cores, fp32 accumulation (ops_attention_mma.cu);
 // otherwise (other shapes) the fp32 twin of the CPU.
+// kv BF16 (needs attention_bf16_keys_ok and fast): the rows' chunk_kv, ring and entries hold bf16
+// keys (D bf16 per key, their pointers typed float); the outputs are those of the same keys in
+// fp32, which the tensor-core kernel rounds to bf16 before its MMAs.
 void sparse_attention(const float* q, const AttnRow* rows, int64_t R, int64_t H, int64_t D, int64_t W,
-                      const float* sink, float* o, cudaStream_t s, bool fast = false);
+                      const float* sink, float* o, cudaStream_t s, bool fast = false, KeyFormat kv = KeyFormat::F32);
+// Whether sparse_attention takes bf16 keys at this shape (the tensor-core kernel's).
+bool attention_bf16_keys_ok(int64_t H, int64_t D);
 
 // ---- MoE routing and activation (model/moe.cpp is the twin) ---------------------------------------
 

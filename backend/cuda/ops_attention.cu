@@ -247,9 +247,15 @@ void merge(const float* partial, const float2* ml, int64_t R, int64_t H, int64_t
 
 }  // namespace
 
+bool attention_bf16_keys_ok(int64_t H, int64_t D) { return H > 0 && detail::attention_mma_ok(H, D); }
+
 void sparse_attention(const float* q, const AttnRow* rows, int64_t R, int64_t H, int64_t D, int64_t W,
-                      const float* sink, float* o, cudaStream_t s, bool fast) {
+                      const float* sink, float* o, cudaStream_t s, bool fast, KeyFormat kv) {
   DSV4_CHECK(D % 4 == 0 && D <= kMaxD, "cuda::sparse_attention: head dim must be a multiple of 4, <= ", kMaxD);
+  const bool bf16_keys = kv == KeyFormat::BF16;
+  DSV4_CHECK(!bf16_keys || (fast && attention_bf16_keys_ok(H, D)),
+             "cuda::sparse_attention: bf16 keys need Fast precision and the tensor-core kernel's shape (H % 64 == 0, "
+             "D == 512); got H ", H, ", D ", D, fast ? "" : " in Exact precision");
   DSV4_CHECK(W >= 1, "cuda::sparse_attention: window must be >= 1");
   if (R == 0 || H == 0) return;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
@@ -258,10 +264,10 @@ void sparse_attention(const float* q, const AttnRow* rows, int64_t R, int64_t H,
     // One CTA per SM (its O accumulators fill the registers): split keys up to about one wave.
     const int nsplit =
         static_cast<int>(std::clamp<int64_t>(ceil_div(sm_count(), ctas), 1, ctas == 1 ? kMaxSplitMma : kMaxSplit));
-    if (nsplit == 1) return detail::attention_mma(q, rows, R, H, W, sink, scale, 1, o, nullptr, nullptr, s);
+    if (nsplit == 1) return detail::attention_mma(q, rows, R, H, W, sink, scale, 1, o, nullptr, nullptr, s, bf16_keys);
     float* partial = async_scratch_of<float>(R * H * nsplit * D, s);
     float2* ml = async_scratch_of<float2>(R * H * nsplit, s);
-    detail::attention_mma(q, rows, R, H, W, sink, scale, nsplit, o, partial, ml, s);
+    detail::attention_mma(q, rows, R, H, W, sink, scale, nsplit, o, partial, ml, s, bf16_keys);
     if (nsplit > kMaxSplit)
       merge<kMaxSplitMma>(partial, ml, R, H, D, nsplit, sink, o, s);
     else

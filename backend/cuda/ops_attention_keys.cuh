@@ -9,7 +9,8 @@
 
 namespace dsv4::cuda::detail {
 
-// Key j of a row's list: window positions first, then compressed entries; nullptr = masked.
+// Key j of a row's list: window positions first, then compressed entries; nullptr = masked. D:
+// float slots per stored key (the head dim, or half of it for bf16 keys).
 __device__ __forceinline__ const float* key_ptr(const AttnRow& row, int64_t j, int64_t lo, int64_t nwin, int64_t W,
                                                 int64_t D) {
   if (j < nwin) {
@@ -30,7 +31,8 @@ __device__ __forceinline__ const float* key_ptr(const AttnRow& row, int64_t j, i
 constexpr int kAttnMmaHeads = 64;
 constexpr int kAttnMmaDim = 512;
 inline bool attention_mma_ok(int64_t H, int64_t D) { return H % kAttnMmaHeads == 0 && D == kAttnMmaDim; }
+// bf16_keys: the rows' keys are stored as bf16 (cuda::KeyFormat::BF16), D / 2 float slots each.
 void attention_mma(const float* q, const AttnRow* rows, int64_t R, int64_t H, int64_t W, const float* sink, float scale,
-                   int nsplit, float* o, float* partial, float2* ml, cudaStream_t s);
+                   int nsplit, float* o, float* partial, float2* ml, cudaStream_t s, bool bf16_keys = false);
 
 }  // namespace dsv4::cuda::detail

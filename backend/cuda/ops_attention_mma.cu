@@ -108,6 +108,21 @@ __device__ __forceinline__ const __nv_bfloat16* a_addr(const __nv_bfloat16 (*m)[
   return &m[r0 + rr + 8 * (mi & 1)][c0 + 8 * (mi >> 1)];
 }
 
+// bf16 keys (a model storing them so): the tile's rows copied as they are into a bf16 tile (zeros
+// for missing keys; one commit group) — no fp32 staging, no conversion pass.
+__device__ __forceinline__ void fetch_keys_bf16(__nv_bfloat16 (*dst)[kQPitch], const float* const* kp) {
+  constexpr int c16 = kD * 2 / 16;  // 16-byte chunks per key
+  for (int i = threadIdx.x; i < kKeys * c16; i += kThreads) {
+    const float* p = kp[i / c16];
+    uint8_t* d = reinterpret_cast<uint8_t*>(&dst[i / c16][0]) + 16 * (i % c16);
+    if (p)
+      cp_async16(d, reinterpret_cast<const uint8_t*>(p) + 16 * (i % c16));
+    else
+      *reinterpret_cast<uint4*>(d) = make_uint4(0u, 0u, 0u, 0u);
+  }
+  cp_async_commit();
+}
+
 // Issues the cp.async copies of the tile whose key rows are kp into kf (zeros for missing keys;
 // one commit group).
 __device__ __forceinline__ void fetch_keys(float (*kf)[kD], const float* const* kp) {
@@ -123,6 +138,9 @@ __device__ __forceinline__ void fetch_keys(float (*kf)[kD], const float* const* 
   cp_async_commit();
 }
 
+// kBf16: the keys are stored as bf16 (D / 2 float slots per key): tiles alternate between k and
+// the fp32 staging buffer's bytes, each loaded while the other is multiplied.
+template <bool kBf16>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_mma_kernel(const float* __restrict__ q, const AttnRow* __restrict__ rows, int64_t H, int64_t W,
                          const float* __restrict__ sink, float scale, int nsplit, float* __restrict__ o,
@@ -143,12 +161,20 @@ __global__ void __launch_bounds__(kThreads, 1)
     return;
   }
 
+  constexpr int64_t kStride = kBf16 ? kD / 2 : kD;  // float slots per stored key
+  // bf16 tiles: k, and the fp32 staging buffer's bytes (33 of its 64 KB), alternately.
+  __nv_bfloat16 (*const kalt)[kQPitch] = reinterpret_cast<__nv_bfloat16 (*)[kQPitch]>(&S.kf[0][0]);
   if (tid < kKeys)
 #pragma unroll
     for (int t = 0; t < 2; ++t)
-      S.kp[t][tid] = kb + kKeys * t + tid < ke ? key_ptr(row, kb + kKeys * t + tid, lo, nwin, W, kD) : nullptr;
+      S.kp[t][tid] = kb + kKeys * t + tid < ke ? key_ptr(row, kb + kKeys * t + tid, lo, nwin, W, kStride) : nullptr;
   __syncthreads();
-  if (kb < ke) fetch_keys(S.kf, S.kp[0]);  // the first tile's keys load while q is staged
+  if (kb < ke) {  // the first tile's keys load while q is staged
+    if constexpr (kBf16)
+      fetch_keys_bf16(S.k, S.kp[0]);
+    else
+      fetch_keys(S.kf, S.kp[0]);
+  }
   stage_bf16(S.q, kH, [&](int h) { return q + (r * H + h0 + h) * kD; });
   if (tid < kH) {
     S.m[tid] = sink[h0 + tid];
@@ -166,24 +192,30 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int i = 0; i < 4; ++i) acc[m][t][i] = 0.f;
 
-  int cur = 0;  // ring slot of tile t0
-  for (int64_t t0 = kb; t0 < ke; t0 += kKeys, cur = cur == 2 ? 0 : cur + 1) {
+  int cur = 0, bi = 0;  // ring slot of tile t0; its bf16 buffer (kBf16)
+  for (int64_t t0 = kb; t0 < ke; t0 += kKeys, cur = cur == 2 ? 0 : cur + 1, bi ^= 1) {
     const int nxt = cur == 2 ? 0 : cur + 1, after = nxt == 2 ? 0 : nxt + 1;
     const int64_t t2 = t0 + 2 * kKeys;  // the tile whose rows this one looks up, loaded before the wait
-    const float* p2 = tid < kKeys && t2 + tid < ke ? key_ptr(row, t2 + tid, lo, nwin, W, kD) : nullptr;
-    cp_async_wait<0>();
-    __syncthreads();  // this tile's keys are in kf; the previous tile's keys and probabilities are no longer read
-    {  // kf (fp32) -> k (bf16)
-      constexpr int d4 = kD / 4;
-      for (int i = tid; i < kKeys * d4; i += kThreads) {
-        const float4 v = *reinterpret_cast<const float4*>(&S.kf[i / d4][4 * (i % d4)]);
-        *reinterpret_cast<uint2*>(&S.k[i / d4][4 * (i % d4)]) = make_uint2(pack_bf16(v.x, v.y), pack_bf16(v.z, v.w));
-      }
-    }
+    const float* p2 = tid < kKeys && t2 + tid < ke ? key_ptr(row, t2 + tid, lo, nwin, W, kStride) : nullptr;
     const int64_t t1 = t0 + kKeys;
-    if (tid < kKeys) S.kp[after][tid] = p2;  // its slot was last read by the previous tile's softmax
-    __syncthreads();  // k ready, kf free
-    if (t1 < ke) fetch_keys(S.kf, S.kp[nxt]);
+    cp_async_wait<0>();
+    __syncthreads();  // this tile's keys are in kf (or bf16 in k / kalt by bi); the previous tile's keys and probabilities are no longer read
+    __nv_bfloat16 (*const Kt)[kQPitch] = kBf16 && bi ? kalt : S.k;  // this tile's bf16 keys
+    if constexpr (kBf16) {
+      if (tid < kKeys) S.kp[after][tid] = p2;  // its slot was last read by the previous tile's softmax
+      if (t1 < ke) fetch_keys_bf16(bi ? S.k : kalt, S.kp[nxt]);  // the previous tile's buffer, free since the barrier
+    } else {
+      {  // kf (fp32) -> k (bf16)
+        constexpr int d4 = kD / 4;
+        for (int i = tid; i < kKeys * d4; i += kThreads) {
+          const float4 v = *reinterpret_cast<const float4*>(&S.kf[i / d4][4 * (i % d4)]);
+          *reinterpret_cast<uint2*>(&S.k[i / d4][4 * (i % d4)]) = make_uint2(pack_bf16(v.x, v.y), pack_bf16(v.z, v.w));
+        }
+      }
+      if (tid < kKeys) S.kp[after][tid] = p2;  // its slot was last read by the previous tile's softmax
+      __syncthreads();  // k ready, kf free
+      if (t1 < ke) fetch_keys(S.kf, S.kp[nxt]);
+    }
     const float* const* kp = S.kp[cur];
     {  // partial S = Q K^T for 16 heads x 32 keys over a part of the dims
       float c[kKeys / 8][4] = {};
@@ -196,7 +228,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int kk = 0; kk < kKeys / 16; ++kk) {
           // B = K^T, stored key-major ([n][k]): matrices (keys 0-7 | 8-15) x (k 0-7 | 8-15).
           uint32_t b[4];
-          ldsm_x4(b, &S.k[16 * kk + rr + 8 * (mi >> 1)][k0 + 8 * (mi & 1)]);
+          ldsm_x4(b, &Kt[16 * kk + rr + 8 * (mi >> 1)][k0 + 8 * (mi & 1)]);
           mma_bf16(c[2 * kk], a, b[0], b[1]);
           mma_bf16(c[2 * kk + 1], a, b[2], b[3]);
         }
@@ -270,7 +302,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int t = 0; t < kONt; t += 2) {
           // B = V, stored key-major ([k][n]): transposed matrices (k 0-7 | 8-15) x (n 0-7 | 8-15).
           uint32_t b[4];
-          ldsm_x4_trans(b, &S.k[k0 + rr + 8 * (mi & 1)][oc0 + 8 * t + 8 * (mi >> 1)]);
+          ldsm_x4_trans(b, &Kt[k0 + rr + 8 * (mi & 1)][oc0 + 8 * t + 8 * (mi >> 1)]);
 #pragma unroll
           for (int m = 0; m < kMt; ++m) {
             mma_bf16(acc[m][t], a[m], b[0], b[1]);
@@ -307,17 +339,16 @@ __global__ void __launch_bounds__(kThreads, 1)
 }  // namespace
 
 void attention_mma(const float* q, const AttnRow* rows, int64_t R, int64_t H, int64_t W, const float* sink, float scale,
-                   int nsplit, float* o, float* partial, float2* ml, cudaStream_t s) {
+                   int nsplit, float* o, float* partial, float2* ml, cudaStream_t s, bool bf16_keys) {
   DSV4_CHECK(attention_mma_ok(H, kD), "attention_mma: needs H % 64 == 0 and D == 512");
   const size_t smem = sizeof(Smem);
-  DSV4_CUDA_CHECK(cudaFuncSetAttribute(attention_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(smem)));
+  auto* kernel = bf16_keys ? attention_mma_kernel<true> : attention_mma_kernel<false>;
+  DSV4_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   for_row_ranges(R, [&](int64_t r0, int64_t n) {
     const dim3 grid(static_cast<unsigned>(H / kH), static_cast<unsigned>(n), static_cast<unsigned>(nsplit));
     const int64_t slots = r0 * H * nsplit;  // partial / ml slots of the rows before r0
-    attention_mma_kernel<<<grid, kThreads, smem, s>>>(q + r0 * H * kD, rows + r0, H, W, sink, scale, nsplit,
-                                                      o + r0 * H * kD, partial ? partial + slots * kD : nullptr,
-                                                      ml ? ml + slots : nullptr);
+    kernel<<<grid, kThreads, smem, s>>>(q + r0 * H * kD, rows + r0, H, W, sink, scale, nsplit, o + r0 * H * kD,
+                                        partial ? partial + slots * kD : nullptr, ml ? ml + slots : nullptr);
     DSV4_CUDA_LAUNCH_CHECK();
   });
 }

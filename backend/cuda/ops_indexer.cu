@@ -100,12 +100,12 @@ void indexer_topk(const float* q, const float* omega, const IndexerRow* rows, in
   // Stream-ordered scratch: no host sync, and capturable into a CUDA graph.
   float* scores = async_scratch_of<float>(R * ld, s);
   uint32_t* hist = nullptr;    // built by the Fast scorer for the multi-block select
-  uint32_t* counts = nullptr;  // the select's candidate counts, after hist: one memset for both
+  uint32_t* counts = nullptr;  // the select's per-row counters, after hist: one memset for both
   if (max_visible > 0 && fast && detail::indexer_mma_ok(nh, hd)) {
     if (max_visible >= detail::kLargeRow) {
-      hist = async_scratch_of<uint32_t>(R * (detail::kSelectBins + 1), s);
+      hist = async_scratch_of<uint32_t>(R * (detail::kSelectBins + 2), s);
       counts = hist + R * detail::kSelectBins;
-      DSV4_CUDA_CHECK(cudaMemsetAsync(hist, 0, R * (detail::kSelectBins + 1) * sizeof(uint32_t), s));
+      DSV4_CUDA_CHECK(cudaMemsetAsync(hist, 0, R * (detail::kSelectBins + 2) * sizeof(uint32_t), s));
     }
     detail::indexer_score_mma(q, omega, rows, R, nh, hd, max_visible, scores, ld, s, keys, hist);
   } else if (max_visible > 0) {

@@ -4,12 +4,12 @@
 // Short rows: one block per row, 8-bit radix select over the scores (four passes from L2),
 // ties at the threshold in index order, bitonic sort of the picks.
 // Long rows (>= kLargeRow entries): one block read the row 5-6 times at one SM's bandwidth
-// (~35 us at 256k entries), so three launches spread it over the GPU: (1) per chunk a
-// shared-memory histogram of the keys' top 12 bits, summed into a per-row global histogram;
-// (2) every chunk finds the row's threshold bin — the highest bin whose suffix count reaches k
-// — and appends the composite keys of its entries at or above it to a candidate list (a few
-// hundred past k for smooth scores); (3) one block per row sorts the candidates and keeps the
-// first k. A row whose candidates overflow the list (scores piled into one bin) falls back to
+// (~35 us at 256k entries), so it is spread over the GPU: (1) per chunk a shared-memory
+// histogram of the keys' top 12 bits, summed into a per-row global histogram (or the Fast
+// scorer's epilogue builds it); (2) every chunk finds the row's threshold bin — the highest bin
+// whose suffix count reaches k — and appends the composite keys of its entries at or above it to
+// a candidate list (a few hundred past k for smooth scores); (3) the row's last chunk block to
+// finish sorts the candidates and keeps the first k ((2) and (3) are one launch). A row whose candidates overflow the list (scores piled into one bin) falls back to
 // the short-row select on the full row, so the result never depends on the distribution.
 #include <cuda_runtime.h>
 
@@ -139,12 +139,14 @@ __global__ void __launch_bounds__(kChunkThreads)
     if (h[b]) atomicAdd(&hist[r * kBins + b], h[b]);
 }
 
-// The highest bin b with #{key >> 20 >= b} >= kk (kk >= 1), by the whole block: thread t sums
-// the 16 bins [4096 - 16 (t + 1), 4096 - 16 t), a block scan orders the sums from the top.
+// The highest bin b with #{key >> 20 >= b} >= kk (kk >= 1), by the whole block of T threads:
+// thread t sums the kBins / T bins just below 4096 - (kBins / T) t, a block scan orders the sums
+// from the top.
+template <int T>
 __device__ uint32_t threshold_bin(const uint32_t* hist, uint32_t kk) {
-  __shared__ uint32_t part[kChunkThreads / 32];
+  __shared__ uint32_t part[T / 32];
   __shared__ uint32_t found;
-  constexpr int kPer = kBins / kChunkThreads;
+  constexpr int kPer = kBins / T;
   const int t = threadIdx.x;
   uint32_t c[kPer], own = 0;
 #pragma unroll
@@ -177,40 +179,6 @@ __device__ uint32_t threshold_bin(const uint32_t* hist, uint32_t kk) {
   }
   __syncthreads();
   return found;  // no crossing (kk > the row's count) cannot happen: kk <= n
-}
-
-// (2) Appends pick_key of every entry at or above the threshold bin to cand[r] (cnt[r] counts
-// them all, also past kMaxCand).
-__global__ void __launch_bounds__(kChunkThreads)
-    chunk_compact_kernel(const float* scores, int64_t ld, const IndexerRow* rows, int64_t topk, const uint32_t* hist,
-                         uint32_t* cnt, uint64_t* cand) {
-  const int64_t r = blockIdx.y, n = rows[r].n_visible, base = static_cast<int64_t>(blockIdx.x) * kChunk;
-  if (base >= n) return;
-  const uint32_t kk = static_cast<uint32_t>(std::min<int64_t>(topk, n));
-  const int lane = threadIdx.x & 31;
-  float raw[kPerThread];
-#pragma unroll
-  for (int j = 0; j < kPerThread; ++j) {  // loads first: in flight together (the candidate stores
-    const int64_t i = base + threadIdx.x + j * kChunkThreads;  // below kept each behind the last),
-    raw[j] = i < n ? __ldg(scores + r * ld + i) : 0.f;          // and during the threshold's scan
-  }
-  const uint32_t thr = threshold_bin(hist + r * kBins, kk);
-  uint32_t keys[kPerThread];
-#pragma unroll
-  for (int j = 0; j < kPerThread; ++j) keys[j] = float_key(raw[j]);
-#pragma unroll
-  for (int j = 0; j < kPerThread; ++j) {
-    const int64_t i = base + threadIdx.x + j * kChunkThreads;
-    const uint32_t k = keys[j];
-    const bool take = i < n && (k >> kBinShift) >= thr;
-    const unsigned ball = __ballot_sync(kFull, take);
-    if (!ball) continue;
-    uint32_t first = 0;  // one atomic per warp
-    if (lane == __ffs(ball) - 1) first = atomicAdd(&cnt[r], static_cast<uint32_t>(__popc(ball)));
-    first = __shfl_sync(kFull, first, __ffs(ball) - 1);
-    const uint32_t slot = first + __popc(ball & ((1u << lane) - 1u));
-    if (take && slot < kMaxCand) cand[r * kMaxCand + slot] = pick_key(k, i);
-  }
 }
 
 // Descending bitonic sort of the first P keys (a power of two in [64, 2 x kSelThreads]) held two
@@ -254,12 +222,10 @@ __device__ void sort_desc_in_registers(uint64_t (&v)[2], uint64_t* xchg, int P) 
 }
 
 // (3) Sorts row r's candidates and keeps the first min(topk, n); on overflow, the full select.
-__global__ void __launch_bounds__(kSelThreads)
-    select_candidates_kernel(const float* scores, int64_t ld, const IndexerRow* rows, int64_t topk,
-                             const uint32_t* cnt, const uint64_t* cand, int32_t* out) {
-  extern __shared__ uint64_t sc[];
-  const int64_t r = blockIdx.x, n = rows[r].n_visible, kk = std::min<int64_t>(topk, n);
-  const int64_t count = cnt[r];
+// By the whole block (kSelThreads threads); sc: kMaxCand keys of shared memory.
+__device__ void select_candidates(const float* scores, int64_t ld, int64_t r, int64_t n, int64_t topk,
+                                  int64_t count, const uint64_t* cand, int32_t* out, uint64_t* sc) {
+  const int64_t kk = std::min<int64_t>(topk, n);
   if (count > kMaxCand) {  // the scores piled into few bins: exact but slow path
     select_row(scores + r * ld, n, topk, out + r * topk);
     return;
@@ -271,7 +237,7 @@ __global__ void __launch_bounds__(kSelThreads)
 #pragma unroll
     for (int b = 0; b < 2; ++b) {
       const int64_t i = 2 * threadIdx.x + b;
-      v[b] = i < count ? cand[r * kMaxCand + i] : 0;  // 0 pads sort last
+      v[b] = i < count ? __ldcg(cand + r * kMaxCand + i) : 0;  // 0 pads sort last; L2: other blocks wrote them
     }
     sort_desc_in_registers(v, sc, P);
 #pragma unroll
@@ -283,10 +249,59 @@ __global__ void __launch_bounds__(kSelThreads)
   }
   int64_t P = 1;
   while (P < count) P <<= 1;
-  for (int64_t i = threadIdx.x; i < P; i += kSelThreads) sc[i] = i < count ? cand[r * kMaxCand + i] : 0;
+  for (int64_t i = threadIdx.x; i < P; i += kSelThreads) sc[i] = i < count ? __ldcg(cand + r * kMaxCand + i) : 0;
   __syncthreads();
   sort_desc(sc, P);
   write_picks(sc, kk, topk, out + r * topk);
+}
+
+
+// (2) + (3) in one launch: each block appends pick_key of its chunk's entries at or above the
+// threshold bin to cand[r] (cnt[r] counts them all, also past kMaxCand); the row's last block to
+// finish sorts them. ctr[2 r] counts row r's candidates, ctr[2 r + 1] its finished blocks. (A
+// separate sort launch cost its launch and the compaction's tail.)
+constexpr int kCompactPer = kChunk / kSelThreads;  // entries per thread
+__global__ void __launch_bounds__(kSelThreads)
+    compact_select_kernel(const float* scores, int64_t ld, const IndexerRow* rows, int64_t topk, const uint32_t* hist,
+                          uint32_t* ctr, uint64_t* cand, int32_t* out) {
+  extern __shared__ uint64_t sc[];
+  __shared__ bool last;
+  const int64_t r = blockIdx.y, n = rows[r].n_visible, base = static_cast<int64_t>(blockIdx.x) * kChunk;
+  if (base >= n) {  // not one of the row's ceil(n / kChunk) blocks; a row without entries: block 0 writes it
+    if (n == 0 && blockIdx.x == 0)
+      for (int64_t i = threadIdx.x; i < topk; i += kSelThreads) out[r * topk + i] = -1;
+    return;
+  }
+  const uint32_t kk = static_cast<uint32_t>(std::min<int64_t>(topk, n));
+  const int lane = threadIdx.x & 31;
+  float raw[kCompactPer];
+#pragma unroll
+  for (int j = 0; j < kCompactPer; ++j) {  // loads first, in flight during the threshold's scan
+    const int64_t i = base + threadIdx.x + j * kSelThreads;
+    raw[j] = i < n ? __ldg(scores + r * ld + i) : 0.f;
+  }
+  const uint32_t thr = threshold_bin<kSelThreads>(hist + r * kBins, kk);
+#pragma unroll
+  for (int j = 0; j < kCompactPer; ++j) {
+    const int64_t i = base + threadIdx.x + j * kSelThreads;
+    const uint32_t k = float_key(raw[j]);
+    const bool take = i < n && (k >> kBinShift) >= thr;
+    const unsigned ball = __ballot_sync(kFull, take);
+    if (!ball) continue;
+    uint32_t first = 0;  // one atomic per warp
+    if (lane == __ffs(ball) - 1) first = atomicAdd(&ctr[2 * r], static_cast<uint32_t>(__popc(ball)));
+    first = __shfl_sync(kFull, first, __ffs(ball) - 1);
+    const uint32_t slot = first + __popc(ball & ((1u << lane) - 1u));
+    if (take && slot < kMaxCand) cand[r * kMaxCand + slot] = pick_key(k, i);
+  }
+  __threadfence();  // this block's candidates and count before its done mark
+  __syncthreads();
+  if (threadIdx.x == 0)
+    last = atomicAdd(&ctr[2 * r + 1], 1u) == static_cast<uint32_t>(ceil_div(n, int64_t(kChunk))) - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();  // every other block's candidates are visible from here
+  select_candidates(scores, ld, r, n, topk, __ldcg(&ctr[2 * r]), cand, out, sc);
 }
 
 }  // namespace
@@ -299,7 +314,7 @@ void indexer_select(const float* scores, int64_t ld, const IndexerRow* rows, int
   if (R > kMaxGridRows) {  // grids hold rows in y
     for_row_ranges(R, [&](int64_t r0, int64_t n) {
       indexer_select(scores + r0 * ld, ld, rows + r0, n, topk, max_visible, out + r0 * topk, s,
-                     hist ? hist + r0 * kBins : nullptr, counts ? counts + r0 : nullptr);
+                     hist ? hist + r0 * kBins : nullptr, counts ? counts + 2 * r0 : nullptr);
     });
     return;
   }
@@ -308,25 +323,23 @@ void indexer_select(const float* scores, int64_t ld, const IndexerRow* rows, int
     DSV4_CUDA_LAUNCH_CHECK();
     return;
   }
-  // [R] candidate counts, then (without a prebuilt one) the [R, kBins] histogram: one memset
-  // (none when the caller zeroed the counts with its histogram).
-  const size_t words = static_cast<size_t>(R) * (hist ? 1 : kBins + 1);
+  // [R] x (candidate count, finished blocks), then (without a prebuilt one) the [R, kBins]
+  // histogram: one memset (none when the caller zeroed the counters with its histogram).
+  const size_t words = static_cast<size_t>(R) * (hist ? 2 : kBins + 2);
   uint32_t* cnt = counts ? counts : async_scratch_of<uint32_t>(words, s);
   uint64_t* cand = async_scratch_of<uint64_t>(static_cast<size_t>(R) * kMaxCand, s);
   if (!counts) DSV4_CUDA_CHECK(cudaMemsetAsync(cnt, 0, words * sizeof(uint32_t), s));
   const dim3 grid(static_cast<unsigned>(ceil_div(max_visible, kChunk)), static_cast<unsigned>(R));
   if (!hist) {
-    uint32_t* own = cnt + R;
+    uint32_t* own = cnt + 2 * R;
     chunk_hist_kernel<<<grid, kChunkThreads, 0, s>>>(scores, ld, rows, own);
     DSV4_CUDA_LAUNCH_CHECK();
     hist = own;
   }
-  chunk_compact_kernel<<<grid, kChunkThreads, 0, s>>>(scores, ld, rows, topk, hist, cnt, cand);
-  DSV4_CUDA_LAUNCH_CHECK();
   const size_t smem = kMaxCand * sizeof(uint64_t);
-  DSV4_CUDA_CHECK(cudaFuncSetAttribute(select_candidates_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  DSV4_CUDA_CHECK(cudaFuncSetAttribute(compact_select_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        static_cast<int>(smem)));
-  select_candidates_kernel<<<static_cast<unsigned>(R), kSelThreads, smem, s>>>(scores, ld, rows, topk, cnt, cand, out);
+  compact_select_kernel<<<grid, kSelThreads, smem, s>>>(scores, ld, rows, topk, hist, cnt, cand, out);
   DSV4_CUDA_LAUNCH_CHECK();
   async_release(cand, s);
   if (!counts) async_release(cnt, s);

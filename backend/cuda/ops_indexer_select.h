@@ -19,8 +19,9 @@ constexpr int kSelectBinShift = 20;
 // lower index), the rest -1. Stream-ordered scratch only: CUDA-graph capturable.
 // hist: [R, kSelectBins] histogram of the scores already built by the scorer (the Fast scorer
 // fills it in its epilogue, sparing a pass over the scores); nullptr: built here. counts (with
-// hist): [R] zeroed words for the candidate counts, cleared by the same memset as hist (in a
-// graph each memset node costs ~3 us). Used only by the multi-block path (max_visible >= kLargeRow).
+// hist): [2R] zeroed words (per row: candidate count, finished compaction blocks), cleared by the
+// same memset as hist (in a graph each memset node costs ~3 us). Used only by the multi-block path
+// (max_visible >= kLargeRow).
 void indexer_select(const float* scores, int64_t ld, const IndexerRow* rows, int64_t R, int64_t topk,
                     int64_t max_visible, int32_t* out, cudaStream_t s, const uint32_t* hist = nullptr,
                     uint32_t* counts = nullptr);

@@ -1,6 +1,7 @@
 // Row-wise and elementwise ops: embed, rms_norm, rope, swiglu, add_ape, ring_store.
 // Twins: cpu::dequant_row, cpu::rms_norm, cpu::rope_inplace, the SwiGLU of model/moe.cpp, the
 // APE add of compressor_project and the ring copy of attention_forward.
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -85,8 +86,9 @@ __global__ void rms_norm_kernel(const float* x, const float* gamma, float* y, in
 
 // rms_norm then rope in one pass per (row, head) block of len channels (float4 path only): the
 // tail's pairs are rotated in registers right after normalising, with rope_kernel's arithmetic.
+// bf16_out: the result as bf16 pairs there (x unchanged), else in place.
 __global__ void rms_norm_rope_kernel(float* x, const float* gamma, int64_t heads, int64_t len, float eps,
-                                     const float* inv_freq, int64_t pairs, const int64_t* pos) {
+                                     const float* inv_freq, int64_t pairs, const int64_t* pos, __nv_bfloat16* bf16_out) {
   __shared__ double red[32];
   float* xr = x + blockIdx.x * len;
   double ss = 0.0;
@@ -109,8 +111,20 @@ __global__ void rms_norm_rope_kernel(float* x, const float* gamma, int64_t heads
         rope_rotate(o[2 * h], o[2 * h + 1], cosf(ang), sinf(ang));
       }
     }
-    reinterpret_cast<float4*>(xr)[i] = make_float4(o[0], o[1], o[2], o[3]);
+    if (bf16_out) {
+      __nv_bfloat162* b = reinterpret_cast<__nv_bfloat162*>(bf16_out + blockIdx.x * len) + 2 * i;
+      b[0] = __floats2bfloat162_rn(o[0], o[1]);
+      b[1] = __floats2bfloat162_rn(o[2], o[3]);
+    } else {
+      reinterpret_cast<float4*>(xr)[i] = make_float4(o[0], o[1], o[2], o[3]);
+    }
   }
+}
+
+// bf16 (nearest even) copy of n floats: the fallback form of rms_norm_rope's bf16 output.
+__global__ void to_bf16_copy_kernel(const float* x, int64_t n, __nv_bfloat16* y) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i < n) y[i] = __float2bfloat16_rn(x[i]);
 }
 
 __global__ void rope_kernel(float* x, int64_t rows, int64_t heads, int64_t len, const float* inv_freq, int64_t pairs,
@@ -193,14 +207,21 @@ void rms_norm(const float* x, const float* gamma, float* y, int64_t rows, int64_
 }
 
 void rms_norm_rope(float* x, const float* gamma, int64_t rows, int64_t heads, int64_t len, float eps,
-                   const float* inv_freq, int64_t pairs, const int64_t* pos, cudaStream_t s) {
+                   const float* inv_freq, int64_t pairs, const int64_t* pos, cudaStream_t s, void* bf16_out) {
   if (rows * heads == 0) return;
   const auto al = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
-  if (len % 4 != 0 || (2 * pairs) % 4 != 0 || 2 * pairs > len || !al(x) || (gamma && !al(gamma))) {
+  auto* b16 = static_cast<__nv_bfloat16*>(bf16_out);
+  if (len % 4 != 0 || (2 * pairs) % 4 != 0 || 2 * pairs > len || !al(x) || (gamma && !al(gamma)) ||
+      (b16 && !al(b16))) {
     rms_norm(x, gamma, x, rows * heads, len, eps, s);
-    return rope(x, rows, heads, len, inv_freq, pairs, pos, false, s);
+    rope(x, rows, heads, len, inv_freq, pairs, pos, false, s);
+    if (!b16) return;
+    const int64_t n = rows * heads * len;
+    to_bf16_copy_kernel<<<ceil_div(n, 256), 256, 0, s>>>(x, n, b16);
+    DSV4_CUDA_LAUNCH_CHECK();
+    return;
   }
-  rms_norm_rope_kernel<<<rows * heads, row_threads(len), 0, s>>>(x, gamma, heads, len, eps, inv_freq, pairs, pos);
+  rms_norm_rope_kernel<<<rows * heads, row_threads(len), 0, s>>>(x, gamma, heads, len, eps, inv_freq, pairs, pos, b16);
   DSV4_CUDA_LAUNCH_CHECK();
 }
 

@@ -81,6 +81,10 @@ CudaModel::CudaModel(const ModelWeights& w, cuda::Precision precision)
   if (precision_ == cuda::Precision::Fast && !(ik && std::string(ik) == "f32") &&
       cuda::indexer_bf16_keys_ok(dw_.config.index_n_heads, dw_.config.index_head_dim))
     index_keys_ = cuda::KeyFormat::BF16;
+  const char* kvf = std::getenv("DSV4_KV");
+  if (precision_ == cuda::Precision::Fast && !(kvf && std::string(kvf) == "f32") &&
+      cuda::attention_bf16_keys_ok(dw_.config.num_heads, dw_.config.head_dim))
+    kv_format_ = cuda::KeyFormat::BF16;
   // Fast precision reads FP4 experts only through the tensor-core kernels: re-lay them once for
   // 16-byte loads (this model owns the upload; DSV4_MOE_PACK=0 keeps the stored layout).
   const char* pack = std::getenv("DSV4_MOE_PACK");
@@ -183,6 +187,7 @@ struct CudaModel::LayerDesc {
 struct CudaModel::Acts {
   float *X, *u, *F, *F2, *pre, *post, *comb, *qr, *q, *kv, *ca, *cz, *ia, *iz, *qI, *omega, *o, *y, *glog, *eweights, *gu,
       *hbuf;
+  float* kv_store;  // the chunk's keys as the sequences store them: kv (fp32) or kv16 (bf16 pairs)
   int32_t *sel, *experts;
   const uint8_t* blob = nullptr;
   const int32_t* tok = nullptr;
@@ -208,6 +213,7 @@ CudaModel::Acts CudaModel::scratch(int64_t R) {
   a.qr = ws.get<float>("qr", R * ql);
   a.q = ws.get<float>("q", R * H * D);
   a.kv = ws.get<float>("kv", R * D);
+  a.kv_store = kv_format_ == cuda::KeyFormat::BF16 ? ws.get<float>("kv16", R * D / 2) : a.kv;
   a.ca = ws.get<float>("ca", R * 2 * D);
   a.cz = ws.get<float>("cz", R * 2 * D);
   a.ia = ws.get<float>("ia", R * 2 * dI);
@@ -252,6 +258,7 @@ CudaModel::LayerDesc CudaModel::describe_layer(const DeviceLayer& L, size_t li, 
                                                CallBlob& blob) const {
   const ModelConfig& cfg = dw_.config;
   const int64_t D = cfg.head_dim, m = L.ratio, topk = std::max<int64_t>(cfg.index_topk, 1);
+  const int64_t Dk = kv_format_ == cuda::KeyFormat::BF16 ? D / 2 : D;  // float slots per stored key
   LayerDesc ld;
   std::vector<cuda::AttnRow> arows;
   std::vector<cuda::IndexerRow> irows;
@@ -262,7 +269,7 @@ CudaModel::LayerDesc CudaModel::describe_layer(const DeviceLayer& L, size_t li, 
     const DeviceLayerState& st = sg.seq->layers[li];
     for (int64_t i = 0; i < sg.n; ++i) {
       const int64_t r = sg.row0 + i, p = rows.pos[r];
-      cuda::AttnRow ar{p, a.kv + sg.row0 * D, sg.p0, st.ring, st.entries, 0, nullptr, 0};
+      cuda::AttnRow ar{p, a.kv_store + sg.row0 * Dk, sg.p0, st.ring, st.entries, 0, nullptr, 0};
       if (L.kind == AttnKind::HCA) ar.n_entries = (p + 1) / m;
       if (L.kind == AttnKind::CSA) {
         ar.sel = a.sel + r * topk;
@@ -273,10 +280,11 @@ CudaModel::LayerDesc CudaModel::describe_layer(const DeviceLayer& L, size_t li, 
       arows.push_back(ar);
     }
     max_n = std::max(max_n, sg.n);
-    kr.push_back({a.kv + sg.row0 * D, sg.p0, sg.n, D, st.ring, cfg.sliding_window});
+    DSV4_CHECK(sg.seq->kv_format() == kv_format_, "forward: a sequence made by a model with another attention key format");
+    kr.push_back({a.kv_store + sg.row0 * Dk, sg.p0, sg.n, Dk, st.ring, cfg.sliding_window});
     if (L.kind != AttnKind::SWA) {
       add_pool_jobs(cj, sg, m, st.cmp_width, a.ca, a.cz, st.cmp_a, st.cmp_z, st.cmp_rows, st.entries,
-                    D * int64_t(sizeof(float)));
+                    Dk * int64_t(sizeof(float)));
       const int64_t wd = st.cmp_width;
       cr.push_back({a.ca + sg.row0 * wd, sg.p0, sg.n, wd, st.cmp_a, st.cmp_rows});
       cr.push_back({a.cz + sg.row0 * wd, sg.p0, sg.n, wd, st.cmp_z, st.cmp_rows});
@@ -358,7 +366,7 @@ void CudaModel::run_layer(const DeviceLayer& L, size_t li, const float* rope, co
     mark("compressor linears");
     cuda::add_ape(a.cz, a.pos, L.compressor.ape, R, m, width, cs);
     cuda::compressor_pool(reinterpret_cast<const cuda::PoolJob*>(at(ld.cmp_jobs)), ld.n_cmp, m, D,
-                          L.kind == AttnKind::CSA, L.compressor.norm, eps, rope, P, cs);
+                          L.kind == AttnKind::CSA, L.compressor.norm, eps, rope, P, cs, kv_format_);
     cuda::ring_store_jobs(reinterpret_cast<const cuda::RingJob*>(at(ld.cmp_ring)), ld.n_cmp_ring, ld.cmp_ring_rows, cs);
     mark("compressor pool+ring");
   }
@@ -394,7 +402,9 @@ void CudaModel::run_layer(const DeviceLayer& L, size_t li, const float* rope, co
   }
   {  // the current key, after the compressor on its side (attention waits for both)
     cudaStream_t ks = br.fork(kCompressorSide);
-    cuda::rms_norm_rope(kv, L.kv_norm, R, 1, D, eps, rope, P, a.pos, ks);
+    // bf16 keys: written as the sequences store them (the ring store and attention read those).
+    cuda::rms_norm_rope(kv, L.kv_norm, R, 1, D, eps, rope, P, a.pos, ks,
+                        kv_format_ == cuda::KeyFormat::BF16 ? a.kv_store : nullptr);
     mark("kv norm+rope");
   }
   linear(L.wq_b, qr, R, q);
@@ -404,7 +414,7 @@ void CudaModel::run_layer(const DeviceLayer& L, size_t li, const float* rope, co
   br.join(kCompressorSide);
   if (L.kind == AttnKind::CSA) br.join(kIndexerSide);
   cuda::sparse_attention(q, reinterpret_cast<const cuda::AttnRow*>(at(ld.attn)), R, H, D, W, L.sink, o, s,
-                         precision_ == cuda::Precision::Fast);
+                         precision_ == cuda::Precision::Fast, kv_format_);
   mark("sparse_attention");
   const bool exact = precision_ == cuda::Precision::Exact;
   if (exact) cuda::rope(o, R, H, D, rope, P, a.pos, true, s);  // fast: inside wo_a's quantisation
@@ -544,7 +554,7 @@ DeviceSequence CudaModel::new_mtp_sequence(int64_t capacity) const {
   one.num_layers = 1;
   one.layer_kinds = {AttnKind::SWA};
   one.compress_ratio = {0};
-  return DeviceSequence(one, capacity, index_keys_);
+  return DeviceSequence(one, capacity, index_keys_, kv_format_);
 }
 
 std::vector<float> CudaModel::mtp_forward(std::span<const DeviceMtpChunk> chunks, bool all_logits,

@@ -42,10 +42,16 @@ class CudaModel {
   ~CudaModel();
   const ModelConfig& config() const { return dw_.config; }
   size_t weight_bytes() const { return dw_.bytes; }
-  DeviceSequence new_sequence(int64_t capacity) const { return DeviceSequence(dw_.config, capacity, index_keys_); }
+  DeviceSequence new_sequence(int64_t capacity) const {
+    return DeviceSequence(dw_.config, capacity, index_keys_, kv_format_);
+  }
   // How this model's sequences store indexer keys: bf16 in Fast precision where the tensor-core
   // scorer takes the shape (same scores, half the bytes; DSV4_INDEX_KEYS=f32 keeps fp32).
   cuda::KeyFormat index_keys() const { return index_keys_; }
+  // How they store attention keys (window ring, compressed entries, the chunk's own keys): bf16
+  // in Fast precision where the tensor-core attention takes the shape, which rounds every key to
+  // bf16 before its MMAs (same outputs, half the bytes; DSV4_KV=f32 keeps fp32).
+  cuda::KeyFormat kv_format() const { return kv_format_; }
 
   // Same contract as Model::forward: logits [rows, vocab] for every token (all_logits) or for
   // the last token of each chunk, copied to the host. hidden (optional) receives every row's
@@ -110,6 +116,7 @@ class CudaModel {
   DeviceWeights dw_;
   cuda::Precision precision_;
   cuda::KeyFormat index_keys_ = cuda::KeyFormat::F32;
+  cuda::KeyFormat kv_format_ = cuda::KeyFormat::F32;
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<cuda::FastLinear> fast_;
   std::unique_ptr<cuda::FastLinear> side_fast_[Branches::kSides];

@@ -7,10 +7,15 @@
 
 namespace dsv4 {
 
-DeviceSequence::DeviceSequence(const ModelConfig& cfg, int64_t capacity, cuda::KeyFormat index_keys)
-    : capacity_(capacity), index_keys_(index_keys) {
+DeviceSequence::DeviceSequence(const ModelConfig& cfg, int64_t capacity, cuda::KeyFormat index_keys,
+                               cuda::KeyFormat kv)
+    : capacity_(capacity), index_keys_(index_keys), kv_(kv) {
   DSV4_CHECK(capacity > 0, "sequence capacity must be positive");
+  DSV4_CHECK(kv == cuda::KeyFormat::F32 || cfg.head_dim % 2 == 0, "bf16 attention keys need an even head dim");
+  // Dk: float slots per attention key (a bf16 key is D / 2 slots of bf16 pairs; every copy
+  // below moves slots, so rings, entries, rollback and state copies need no other change).
   const int64_t D = cfg.head_dim, W = cfg.sliding_window, dI = cfg.index_head_dim;
+  const int64_t Dk = kv == cuda::KeyFormat::BF16 ? D / 2 : D;
   const int64_t key_bytes = index_keys == cuda::KeyFormat::BF16 ? 2 : 4;
   // Two passes: sizes first (in floats), then pointers into one buffer.
   std::vector<int64_t> sizes;
@@ -23,19 +28,19 @@ DeviceSequence::DeviceSequence(const ModelConfig& cfg, int64_t capacity, cuda::K
     s.idx_rows = k == AttnKind::CSA ? 2 * m : 0;
     s.idx_width = k == AttnKind::CSA ? 2 * dI : 0;
     const int64_t n_entries = m > 0 ? capacity / m + 1 : 0;
-    sizes.push_back(W * D);
+    sizes.push_back(W * Dk);
     sizes.push_back(s.cmp_rows * s.cmp_width);
     sizes.push_back(s.cmp_rows * s.cmp_width);
     sizes.push_back(s.idx_rows * s.idx_width);
     sizes.push_back(s.idx_rows * s.idx_width);
-    sizes.push_back(n_entries * D);
+    sizes.push_back(n_entries * Dk);
     sizes.push_back(k == AttnKind::CSA ? (n_entries * dI * key_bytes + 3) / 4 : 0);
     layers.push_back(s);
     ratio_.push_back(m);
     idx_key_bytes_.push_back(k == AttnKind::CSA ? dI * key_bytes : 0);
   }
   W_ = W;
-  D0_ = D;
+  D0_ = Dk;
   max_verify_ = W;
   for (const auto& s : layers) {
     if (s.cmp_rows > 0) max_verify_ = std::min(max_verify_, s.cmp_rows);
@@ -66,7 +71,8 @@ DeviceSequence::DeviceSequence(const ModelConfig& cfg, int64_t capacity, cuda::K
 void DeviceSequence::copy_state_from(const DeviceSequence& src, cudaStream_t stream) {
   DSV4_CHECK(layers.size() == src.layers.size(), "copy_state_from: sequences of different models");
   DSV4_CHECK(capacity_ >= src.pos, "copy_state_from: capacity ", capacity_, " < ", src.pos, " tokens");
-  DSV4_CHECK(index_keys_ == src.index_keys_, "copy_state_from: sequences with different indexer key formats");
+  DSV4_CHECK(index_keys_ == src.index_keys_ && kv_ == src.kv_,
+             "copy_state_from: sequences with different indexer key or attention key formats");
   auto copy_bytes = [&](void* dst, const void* from, int64_t bytes) {
     if (bytes > 0) DSV4_CUDA_CHECK(cudaMemcpyAsync(dst, from, bytes, cudaMemcpyDeviceToDevice, stream));
   };

@@ -14,21 +14,26 @@
 namespace dsv4 {
 
 struct DeviceLayerState {
-  float* ring = nullptr;          // [W, D], slot = pos % W
+  float* ring = nullptr;          // [W, D] in the sequence's kv format (bf16 rows: D / 2 float slots), slot = pos % W
   float *cmp_a = nullptr, *cmp_z = nullptr;  // [cmp_rows, cmp_width]
   int64_t cmp_rows = 0, cmp_width = 0;
   float *idx_a = nullptr, *idx_z = nullptr;  // [idx_rows, idx_width]
   int64_t idx_rows = 0, idx_width = 0;
-  float* entries = nullptr;       // [capacity / m, D]
+  float* entries = nullptr;       // [capacity / m, D] in the kv format
   void* idx_keys = nullptr;       // [capacity / m, dI] in the sequence's index_keys format
 };
 
 class DeviceSequence {
  public:
   // index_keys: how the CSA layers' indexer keys are stored (bf16 by a Fast model whose scorer
-  // takes them, see cuda::KeyFormat).
-  DeviceSequence(const ModelConfig& cfg, int64_t capacity, cuda::KeyFormat index_keys = cuda::KeyFormat::F32);
+  // takes them, see cuda::KeyFormat); kv: how the attention keys (window ring, compressed
+  // entries) are stored (bf16 by a Fast model on the tensor-core attention).
+  DeviceSequence(const ModelConfig& cfg, int64_t capacity, cuda::KeyFormat index_keys = cuda::KeyFormat::F32,
+                 cuda::KeyFormat kv = cuda::KeyFormat::F32);
   cuda::KeyFormat index_keys() const { return index_keys_; }
+  cuda::KeyFormat kv_format() const { return kv_; }
+  // Float slots per stored attention key: D (fp32) or D / 2 (bf16 pairs).
+  int64_t kv_slots() const { return D0_; }
   int64_t pos = 0;  // tokens consumed
   int64_t capacity() const { return capacity_; }
   size_t bytes() const { return buf_.bytes(); }
@@ -55,7 +60,7 @@ class DeviceSequence {
   int64_t capacity_;
   std::vector<int64_t> ratio_, D_, idx_key_bytes_;  // per layer: compression ratio, entry widths, bytes per indexer key
   int64_t W_ = 0, D0_ = 0, max_verify_ = 0;
-  cuda::KeyFormat index_keys_;
+  cuda::KeyFormat index_keys_, kv_;
   cuda::DeviceBuffer buf_;
   cuda::DeviceBuffer undo_;              // saved rows of the pending verify, grown on demand
   int64_t undo_p0_ = -1, undo_n_ = 0;    // positions [undo_p0_, undo_p0_ + undo_n_) saved; -1 = none

@@ -6,10 +6,12 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <random>
 
 #include "../model/golden_case.h"
 #include "gpu_test.h"
 #include "model/cuda/cuda_model.h"
+#include "model/cuda/random_device_weights.h"
 #include "model/model.h"
 
 namespace dsv4::test {
@@ -174,6 +176,45 @@ TEST_P(CudaGolden, FastBf16IndexKeysGiveBitwiseSameLogits) {
     ASSERT_EQ(a.size(), b.size());
     EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << "chunk " << chunk;
   }
+}
+
+// A Fast model at V4-Flash's attention shape (64 heads of 512: the tensor-core attention) stores
+// its attention keys as bf16; the logits equal, bit for bit, those of the same model keeping
+// fp32 keys (DSV4_KV=f32): a 600-token prefill (HCA and CSA windows close), decode steps, and
+// two sequences at once. Random weights on the device, 4 layers (SWA, SWA, CSA, HCA).
+TEST(CudaKvFormat, FastBf16KeysGiveBitwiseSameLogits) {
+  DSV4_REQUIRE_GPU();
+  const ModelConfig cfg = preset_config("v4-flash", 4);
+  // Two weight copies: each model re-lays its experts in place for the tensor cores.
+  const ModelWeights wa = random_device_weights(cfg, 11), wb = random_device_weights(cfg, 11);
+  ::setenv("DSV4_KV", "f32", 1);
+  CudaModel f32(wa, cuda::Precision::Fast);
+  ::unsetenv("DSV4_KV");
+  CudaModel bf16(wb, cuda::Precision::Fast);
+  ASSERT_EQ(f32.kv_format(), cuda::KeyFormat::F32);
+  ASSERT_EQ(bf16.kv_format(), cuda::KeyFormat::BF16);
+  std::mt19937 g(5);
+  std::vector<int32_t> ids(640);
+  for (auto& t : ids) t = static_cast<int32_t>(g() % cfg.vocab_size);
+  auto run = [&](CudaModel& m) {
+    DeviceSequence s0 = m.new_sequence(700), s1 = m.new_sequence(700);
+    std::vector<float> all;
+    auto step = [&](std::vector<DeviceChunk> cs) {
+      const std::vector<float> l = m.forward(cs, true);
+      all.insert(all.end(), l.begin(), l.end());
+    };
+    step({{&s0, std::span<const int32_t>(ids.data(), 600)}});
+    step({{&s1, std::span<const int32_t>(ids.data() + 8, 300)}});
+    for (int i = 0; i < 6; ++i)  // decode, both sequences in one call
+      step({{&s0, std::span<const int32_t>(ids.data() + 600 + i, 1)},
+            {&s1, std::span<const int32_t>(ids.data() + 620 + i, 1)}});
+    return all;
+  };
+  f32.set_poison(true);
+  bf16.set_poison(true);
+  const std::vector<float> a = run(f32), b = run(bf16);
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
 }
 
 // On the oracle goldens the random models are chaotic (spec/model.md §10: HF bf16 vs HF fp32

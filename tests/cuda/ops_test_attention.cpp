@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <string>
 
 #include "backend/cpu/linear.h"
 #include "backend/cuda/ops.h"
@@ -17,6 +18,7 @@ namespace {
 using cuda::DeviceBuffer;
 using cuda::to_device;
 using cuda::to_host;
+using test::bf16_bits;
 using test::poisoned;
 using test::randn;
 using test::rel_error;
@@ -130,6 +132,54 @@ TEST(CudaOpsAttention, RowsBeyondOneGridDimension) {
   run_case(Kind::SWA, 65536 + 5, 3, 8, 16, 4, 0, 0);
   run_case(Kind::CSA, 65536 + 70, 20, 4, 16, 4, 9, 3, Path::FastFallback);
 }
+// Keys stored as bf16 (a Fast model's cache): the tensor-core kernel rounds fp32 keys to bf16
+// before its MMAs, so the same keys stored rounded give the same outputs bit for bit.
+void run_bf16_keys_case(Kind kind, int64_t R, int64_t p0, int64_t H, int64_t n_entries) {
+  SCOPED_TRACE("R=" + std::to_string(R) + " H=" + std::to_string(H) + " kind=" + std::to_string(int(kind)));
+  const int64_t D = 512, W = 128, n_sel = 512;
+  const std::vector<float> q = randn(R * H * D), chunk = randn(R * D), ring = randn(W * D),
+                           entries = randn(std::max<int64_t>(n_entries, 1) * D), sink = randn(H);
+  std::vector<int32_t> sel(R * n_sel);
+  for (int64_t i = 0; i < R * n_sel; ++i) sel[i] = (i % 5 == 3) ? -1 : static_cast<int32_t>(test::rng()() % n_entries);
+  DeviceBuffer dq = to_device(q), dsink = to_device(sink), dsel = to_device(sel);
+  DeviceBuffer c32 = to_device(chunk), r32 = to_device(ring), e32 = to_device(entries);
+  DeviceBuffer c16 = to_device(bf16_bits(chunk)), r16 = to_device(bf16_bits(ring)), e16 = to_device(bf16_bits(entries));
+  DeviceBuffer o32 = poisoned<float>(R * H * D), o16 = poisoned<float>(R * H * D);
+  auto rows_of = [&](DeviceBuffer& c, DeviceBuffer& r, DeviceBuffer& e) {
+    std::vector<cuda::AttnRow> rows;
+    for (int64_t i = 0; i < R; ++i) {
+      cuda::AttnRow a{p0 + i, c.as<float>(), p0, r.as<float>(), e.as<float>(), 0, nullptr, 0};
+      if (kind == Kind::HCA) a.n_entries = std::min<int64_t>(n_entries, 1 + i % n_entries + n_entries / 2);
+      if (kind == Kind::CSA) {
+        a.sel = dsel.as<int32_t>() + i * n_sel;
+        a.n_sel = n_sel;
+      }
+      rows.push_back(a);
+    }
+    return to_device(rows);
+  };
+  DeviceBuffer rows32 = rows_of(c32, r32, e32), rows16 = rows_of(c16, r16, e16);
+  ASSERT_TRUE(cuda::attention_bf16_keys_ok(H, D));
+  cuda::sparse_attention(dq.as<float>(), rows32.as<cuda::AttnRow>(), R, H, D, W, dsink.as<float>(), o32.as<float>(),
+                         nullptr, true);
+  cuda::sparse_attention(dq.as<float>(), rows16.as<cuda::AttnRow>(), R, H, D, W, dsink.as<float>(), o16.as<float>(),
+                         nullptr, true, cuda::KeyFormat::BF16);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(to_host<float>(o16, R * H * D), to_host<float>(o32, R * H * D));
+}
+
+TEST(CudaOpsAttention, Bf16KeysGiveBitwiseSameOutputs) {
+  DSV4_REQUIRE_GPU();
+  run_bf16_keys_case(Kind::CSA, 1, 5000, 64, 3000);   // split keys
+  run_bf16_keys_case(Kind::SWA, 1, 5000, 64, 1);      // the window alone, most splits empty
+  run_bf16_keys_case(Kind::HCA, 3, 70, 64, 300);      // window from 0 for early rows
+  run_bf16_keys_case(Kind::CSA, 40, 200, 64, 800);    // window partly in the ring
+  run_bf16_keys_case(Kind::CSA, 300, 1000, 64, 900);  // one CTA per row
+  run_bf16_keys_case(Kind::CSA, 2, 600, 128, 700);    // two head groups
+  EXPECT_FALSE(cuda::attention_bf16_keys_ok(32, 512));
+  EXPECT_FALSE(cuda::attention_bf16_keys_ok(64, 256));
+}
+
 TEST(CudaOpsAttention, TinyModelShapes) {
   DSV4_REQUIRE_GPU();
   run_case(Kind::CSA, 6, 9, 4, 128, 8, 5, 4);  // H < 8 heads per block, D 128

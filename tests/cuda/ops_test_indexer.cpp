@@ -5,7 +5,6 @@
 // Exact ties are exercised with duplicated keys (bit-identical scores on both sides).
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 
 #include "backend/cpu/linear.h"
 #include "backend/cuda/ops.h"
@@ -20,6 +19,8 @@ namespace {
 using cuda::DeviceBuffer;
 using cuda::to_device;
 using cuda::to_host;
+using test::bf16_bits;
+using test::bf16_round;
 using test::poisoned;
 using test::randn;
 
@@ -35,30 +36,9 @@ std::vector<float> cpu_scores(const float* q, const float* omega, const std::vec
   return s;
 }
 
-// bf16 round-to-nearest-even of x, back in fp32 (what the Fast scoring kernel feeds the mma).
-float bf16_round(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  u = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
-  std::memcpy(&x, &u, 4);
-  return x;
-}
-
 std::vector<float> bf16_rounded(std::vector<float> v) {
   for (float& x : v) x = bf16_round(x);
   return v;
-}
-
-// The bf16 bit patterns of v rounded to nearest even (a Fast cache's indexer keys).
-std::vector<uint16_t> bf16_bits(const std::vector<float>& v) {
-  std::vector<uint16_t> b(v.size());
-  for (size_t i = 0; i < v.size(); ++i) {
-    const float r = bf16_round(v[i]);
-    uint32_t u;
-    std::memcpy(&u, &r, 4);
-    b[i] = static_cast<uint16_t>(u >> 16);
-  }
-  return b;
 }
 
 // fast: the bf16 tensor-core scores, checked against the CPU formula on bf16-rounded q and keys

@@ -133,6 +133,15 @@ TEST(CudaOpsNorm, RmsNormRopeMatchesCpu) {
                           df.as<float>(), pairs, dp.as<int64_t>(), nullptr);
       EXPECT_LE(rel_error(to_host<float>(dx, x.size()), ref), 1e-6)
           << "heads " << heads << " len " << len << " pairs " << pairs << " weighted " << weighted;
+      // bf16 output (a model storing bf16 keys): the same values rounded to nearest even.
+      DeviceBuffer dx2 = to_device(x), d16 = poisoned<uint16_t>(x.size());
+      cuda::rms_norm_rope(dx2.as<float>(), weighted ? dg.as<float>() : nullptr, rows, heads, len, 1e-6f,
+                          df.as<float>(), pairs, dp.as<int64_t>(), nullptr, d16.as<uint16_t>());
+      const std::vector<float> y = to_host<float>(dx, x.size());
+      const std::vector<uint16_t> b = to_host<uint16_t>(d16, x.size());
+      size_t bad = 0;
+      for (size_t i = 0; i < y.size(); ++i) bad += b[i] != test::bf16_bits_of(y[i]);
+      EXPECT_EQ(bad, 0u) << "bf16 output, heads " << heads << " len " << len;
     }
   }
 }

@@ -1,7 +1,9 @@
-// Helpers of the CUDA op parity tests: poisoned output buffers and RoPE frequency tables.
+// Helpers of the CUDA op parity tests: poisoned output buffers, RoPE frequency tables, bf16
+// rounding (what the Fast kernels and bf16-stored keys hold).
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "backend/cuda/device.h"
@@ -30,6 +32,24 @@ inline std::vector<float> inv_freqs(int64_t pairs, double theta = 10000.0) {
   std::vector<float> f(static_cast<size_t>(pairs));
   for (int64_t i = 0; i < pairs; ++i) f[i] = static_cast<float>(std::pow(theta, -2.0 * i / (2.0 * pairs)));
   return f;
+}
+
+// bf16 round-to-nearest-even of x, as bits / back in fp32.
+inline uint16_t bf16_bits_of(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+inline float bf16_round(float x) {
+  const uint32_t u = static_cast<uint32_t>(bf16_bits_of(x)) << 16;
+  float r;
+  std::memcpy(&r, &u, 4);
+  return r;
+}
+inline std::vector<uint16_t> bf16_bits(const std::vector<float>& v) {
+  std::vector<uint16_t> b(v.size());
+  for (size_t i = 0; i < v.size(); ++i) b[i] = bf16_bits_of(v[i]);
+  return b;
 }
 
 inline std::vector<int64_t> rand_positions(size_t n, int64_t max_pos) {
