@@ -144,12 +144,16 @@ struct AttnRow {
 // probabilities rounded to bf16 on tensor cores, fp32 accumulation (ops_attention_mma.cu);
 // otherwise (other shapes) the fp32 twin of the CPU.
 // kv BF16 (needs attention_bf16_keys_ok and fast): the rows' chunk_kv, ring and entries hold bf16
-// keys (D bf16 per key, their pointers typed float); the outputs are those of the same keys in
-// fp32, which the tensor-core kernel rounds to bf16 before its MMAs.
+// keys (D bf16 per key, their pointers typed float), read by the warpgroup-MMA kernel
+// (ops_attention_wgmma.cu) on sm_90a, else by the mma.sync one, whose outputs are those of the
+// same keys in fp32 (it rounds keys to bf16 before its MMAs) bit for bit.
 void sparse_attention(const float* q, const AttnRow* rows, int64_t R, int64_t H, int64_t D, int64_t W,
                       const float* sink, float* o, cudaStream_t s, bool fast = false, KeyFormat kv = KeyFormat::F32);
 // Whether sparse_attention takes bf16 keys at this shape (the tensor-core kernel's).
 bool attention_bf16_keys_ok(int64_t H, int64_t D);
+// false: bf16 keys go to the mma.sync kernel even where the wgmma one runs (A/B runs and tests;
+// DSV4_ATTN_WGMMA=0 at start-up does the same).
+void set_attention_wgmma(bool on);
 
 // ---- MoE routing and activation (model/moe.cpp is the twin) ---------------------------------------
 

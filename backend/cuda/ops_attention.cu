@@ -264,10 +264,17 @@ void sparse_attention(const float* q, const AttnRow* rows, int64_t R, int64_t H,
     // One CTA per SM (its O accumulators fill the registers): split keys up to about one wave.
     const int nsplit =
         static_cast<int>(std::clamp<int64_t>(ceil_div(sm_count(), ctas), 1, ctas == 1 ? kMaxSplitMma : kMaxSplit));
-    if (nsplit == 1) return detail::attention_mma(q, rows, R, H, W, sink, scale, 1, o, nullptr, nullptr, s, bf16_keys);
+    const bool wgmma = bf16_keys && detail::attention_wgmma_ok(H, D);
+    auto run = [&](int n, float* partial, float2* ml) {
+      if (wgmma)
+        detail::attention_wgmma(q, rows, R, H, W, sink, scale, n, o, partial, ml, s);
+      else
+        detail::attention_mma(q, rows, R, H, W, sink, scale, n, o, partial, ml, s, bf16_keys);
+    };
+    if (nsplit == 1) return run(1, nullptr, nullptr);
     float* partial = async_scratch_of<float>(R * H * nsplit * D, s);
     float2* ml = async_scratch_of<float2>(R * H * nsplit, s);
-    detail::attention_mma(q, rows, R, H, W, sink, scale, nsplit, o, partial, ml, s, bf16_keys);
+    run(nsplit, partial, ml);
     if (nsplit > kMaxSplit)
       merge<kMaxSplitMma>(partial, ml, R, H, D, nsplit, sink, o, s);
     else

@@ -34,5 +34,10 @@ inline bool attention_mma_ok(int64_t H, int64_t D) { return H % kAttnMmaHeads ==
 // bf16_keys: the rows' keys are stored as bf16 (cuda::KeyFormat::BF16), D / 2 float slots each.
 void attention_mma(const float* q, const AttnRow* rows, int64_t R, int64_t H, int64_t W, const float* sink, float scale,
                    int nsplit, float* o, float* partial, float2* ml, cudaStream_t s, bool bf16_keys = false);
+// The same for bf16 keys on warpgroup MMA (ops_attention_wgmma.cu): sm_90 device, arch-90a
+// build, not switched off by set_attention_wgmma(false).
+bool attention_wgmma_ok(int64_t H, int64_t D);
+void attention_wgmma(const float* q, const AttnRow* rows, int64_t R, int64_t H, int64_t W, const float* sink,
+                     float scale, int nsplit, float* o, float* partial, float2* ml, cudaStream_t s);
 
 }  // namespace dsv4::cuda::detail

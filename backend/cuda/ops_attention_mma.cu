@@ -21,6 +21,7 @@
 
 #include <cmath>
 
+#include "backend/cuda/bf16_fragments.cuh"
 #include "backend/cuda/check.h"
 #include "backend/cuda/cp_async.cuh"
 #include "backend/cuda/ops_attention_keys.cuh"
@@ -55,21 +56,6 @@ struct Smem {
   float kf[kKeys][kD];        // the next tile's fp32 keys (cp.async)
 };
 
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
-
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
-}
-__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
-}
 __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
@@ -98,14 +84,6 @@ __device__ __forceinline__ void stage_bf16(__nv_bfloat16 (*dst)[kQPitch], int n,
         *reinterpret_cast<uint2*>(&dst[i / d4][4 * (i % d4)]) = make_uint2(pack_bf16(v[b].x, v[b].y), pack_bf16(v[b].z, v[b].w));
     }
   }
-}
-
-// ldmatrix x4 address of lane for a 16x16 block at (r0, c0) of a row-major bf16 matrix: the
-// A-operand order (rows 0-7 / 8-15, then columns 0-7 / 8-15).
-template <int P>
-__device__ __forceinline__ const __nv_bfloat16* a_addr(const __nv_bfloat16 (*m)[P], int r0, int c0) {
-  const int lane = threadIdx.x & 31, mi = lane >> 3, rr = lane & 7;
-  return &m[r0 + rr + 8 * (mi & 1)][c0 + 8 * (mi >> 1)];
 }
 
 // bf16 keys (a model storing them so): the tile's rows copied as they are into a bf16 tile (zeros

@@ -18,6 +18,7 @@
 
 #include <algorithm>
 
+#include "backend/cuda/bf16_fragments.cuh"
 #include "backend/cuda/check.h"
 #include "backend/cuda/ops_common.cuh"
 #include "backend/cuda/ops_indexer_mma.h"
@@ -32,11 +33,6 @@ constexpr int kMaxSteps = kIndexerMmaMaxDim / 16;      // k steps of 16 dims
 constexpr int kMaxPairs = kMaxSteps / 2;                // pairs of them (one 16-byte bf16 load)
 constexpr int kMaxHeadTiles = kIndexerMmaMaxHeads / 8;  // n tiles of 8 heads
 constexpr int kQPad = 8;                               // bf16 per q row of padding (bank spread)
-
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
 
 __device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
                                          uint32_t b1) {

@@ -21,6 +21,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "backend/cuda/bf16_fragments.cuh"
 #include "backend/cuda/check.h"
 #include "backend/cuda/cp_async.cuh"
 #include "backend/cuda/device.h"
@@ -52,11 +53,6 @@ struct alignas(1024) Smem {  // keys first: the swizzle atoms 1024-aligned
   float red[kThreads / 32][kKeys];  // per-warp head sums of a block's keys
   uint32_t bins[kSelectBins];       // the select's histogram (when asked for)
 };
-
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
 
 // Copy i of this thread: key (i / 128) * 8 + i % 8, chunk (i / 8) % 16 — a warp's 32 copies are 8
 // keys x 4 chunks (64 contiguous bytes per key); the swizzle puts a chunk's 8 keys on all banks.

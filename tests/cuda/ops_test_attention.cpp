@@ -27,7 +27,9 @@ enum class Kind { SWA, HCA, CSA };
 
 // How a case is checked: the fp32 kernel against the CPU formula, or the Fast (bf16 tensor-core)
 // path, whose error must show bf16 rounding (so it really ran) and stay within bf16 accuracy.
-enum class Path { Exact, FastMma, FastFallback };
+// FastBf16: the Fast path on keys stored as bf16 (a Fast model's cache): the warpgroup-MMA kernel
+// where the device and build have it.
+enum class Path { Exact, FastMma, FastFallback, FastBf16 };
 
 // R rows of one chunk starting at p0 (rows at positions p0 + r), a ring holding the W positions
 // before p0, and n_entries compressed entries; CSA rows select n_sel entries with some -1 slots.
@@ -38,7 +40,14 @@ void run_case(Kind kind, int64_t R, int64_t p0, int64_t H, int64_t D, int64_t W,
   std::vector<int32_t> sel(R * n_sel);
   for (int64_t i = 0; i < R * n_sel; ++i)
     sel[i] = (i % 5 == 3) ? -1 : static_cast<int32_t>(test::rng()() % n_entries);
-  DeviceBuffer dq = to_device(q), dchunk = to_device(chunk), dring = to_device(ring), dent = to_device(entries),
+  // The device keys: bf16 bits for FastBf16 (the CPU reference reads the same values as fp32).
+  auto keys_of = [&](const std::vector<float>& v) {
+    return path == Path::FastBf16 ? to_device(bf16_bits(v)) : to_device(v);
+  };
+  const std::vector<float> chunk_ref = path == Path::FastBf16 ? test::bf16_round(chunk) : chunk,
+                           ring_ref = path == Path::FastBf16 ? test::bf16_round(ring) : ring,
+                           entries_ref = path == Path::FastBf16 ? test::bf16_round(entries) : entries;
+  DeviceBuffer dq = to_device(q), dchunk = keys_of(chunk), dring = keys_of(ring), dent = keys_of(entries),
                dsink = to_device(sink), dsel = to_device(sel), dout = poisoned<float>(R * H * D);
   std::vector<cuda::AttnRow> rows;
   std::vector<float> ref(R * H * D);
@@ -48,15 +57,15 @@ void run_case(Kind kind, int64_t R, int64_t p0, int64_t H, int64_t D, int64_t W,
     cuda::AttnRow a{p, dchunk.as<float>(), p0, dring.as<float>(), dent.as<float>(), 0, nullptr, 0};
     std::vector<const float*> keys;
     for (int64_t t = std::max<int64_t>(0, p - W + 1); t <= p; ++t)
-      keys.push_back(t >= p0 ? chunk.data() + (t - p0) * D : ring.data() + (t % W) * D);
+      keys.push_back(t >= p0 ? chunk_ref.data() + (t - p0) * D : ring_ref.data() + (t % W) * D);
     if (kind == Kind::HCA) {
       a.n_entries = std::min<int64_t>(n_entries, 1 + r % n_entries + n_entries / 2);  // varies per row
-      for (int64_t w = 0; w < a.n_entries; ++w) keys.push_back(entries.data() + w * D);
+      for (int64_t w = 0; w < a.n_entries; ++w) keys.push_back(entries_ref.data() + w * D);
     } else if (kind == Kind::CSA) {
       a.sel = dsel.as<int32_t>() + r * n_sel;
       a.n_sel = n_sel;
       for (int64_t i = 0; i < n_sel; ++i)
-        if (sel[r * n_sel + i] >= 0) keys.push_back(entries.data() + int64_t(sel[r * n_sel + i]) * D);
+        if (sel[r * n_sel + i] >= 0) keys.push_back(entries_ref.data() + int64_t(sel[r * n_sel + i]) * D);
     }
     rows.push_back(a);
     std::vector<float> scratch;
@@ -65,10 +74,11 @@ void run_case(Kind kind, int64_t R, int64_t p0, int64_t H, int64_t D, int64_t W,
   }
   DeviceBuffer drows = to_device(rows);
   cuda::sparse_attention(dq.as<float>(), drows.as<cuda::AttnRow>(), R, H, D, W, dsink.as<float>(), dout.as<float>(),
-                         nullptr, path != Path::Exact);
+                         nullptr, path != Path::Exact, path == Path::FastBf16 ? cuda::KeyFormat::BF16 : cuda::KeyFormat::F32);
   const double err = rel_error(to_host<float>(dout, ref.size()), ref);
-  if (path == Path::FastMma) {
-    std::printf("  fast attention R=%lld H=%lld: rel error %.2e\n", (long long)R, (long long)H, err);
+  if (path == Path::FastMma || path == Path::FastBf16) {
+    std::printf("  fast attention%s R=%lld H=%lld: rel error %.2e\n", path == Path::FastBf16 ? " (bf16 keys)" : "",
+                (long long)R, (long long)H, err);
     EXPECT_GT(err, 1e-6);  // bf16 operands: the tensor-core kernel ran
     EXPECT_LE(err, 1e-2);
   } else {
@@ -162,12 +172,38 @@ void run_bf16_keys_case(Kind kind, int64_t R, int64_t p0, int64_t H, int64_t n_e
   ASSERT_TRUE(cuda::attention_bf16_keys_ok(H, D));
   cuda::sparse_attention(dq.as<float>(), rows32.as<cuda::AttnRow>(), R, H, D, W, dsink.as<float>(), o32.as<float>(),
                          nullptr, true);
+  cuda::set_attention_wgmma(false);  // the mma.sync kernel: bit for bit
   cuda::sparse_attention(dq.as<float>(), rows16.as<cuda::AttnRow>(), R, H, D, W, dsink.as<float>(), o16.as<float>(),
                          nullptr, true, cuda::KeyFormat::BF16);
+  cuda::set_attention_wgmma(true);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  EXPECT_EQ(to_host<float>(o16, R * H * D), to_host<float>(o32, R * H * D));
+  const std::vector<float> want = to_host<float>(o32, R * H * D);
+  EXPECT_EQ(to_host<float>(o16, R * H * D), want);
+  // The warpgroup-MMA kernel: the same bf16 products, its own fp32 summation order.
+  DeviceBuffer ow = poisoned<float>(R * H * D);
+  cuda::sparse_attention(dq.as<float>(), rows16.as<cuda::AttnRow>(), R, H, D, W, dsink.as<float>(), ow.as<float>(),
+                         nullptr, true, cuda::KeyFormat::BF16);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const double err = rel_error(to_host<float>(ow, R * H * D), want);
+  std::printf("  bf16 keys R=%lld H=%lld: wgmma vs mma.sync rel error %.2e\n", (long long)R, (long long)H, err);
+  EXPECT_LE(err, 2e-3);
 }
 
+// The bf16-key kernels against the CPU formula on the same (rounded) keys: decode splits, a
+// window alone, HCA from position 0, a batch, one CTA per row, two head groups, 24 split rows.
+TEST(CudaOpsAttention, FastBf16KeysMatchTheFormula) {
+  DSV4_REQUIRE_GPU();
+  std::printf("  warpgroup-MMA attention kernel: %s\n", cuda::wgmma_available() ? "yes" : "no (mma.sync)");
+  run_case(Kind::CSA, 1, 5000, 64, 512, 128, 3000, 512, Path::FastBf16);
+  run_case(Kind::SWA, 1, 5000, 64, 512, 128, 0, 0, Path::FastBf16);
+  run_case(Kind::HCA, 1, 5000, 64, 512, 128, 3000, 0, Path::FastBf16);
+  run_case(Kind::HCA, 3, 70, 64, 512, 128, 300, 0, Path::FastBf16);
+  run_case(Kind::CSA, 40, 200, 64, 512, 128, 800, 512, Path::FastBf16);
+  run_case(Kind::SWA, 37, 0, 64, 512, 128, 0, 0, Path::FastBf16);
+  run_case(Kind::CSA, 300, 1000, 64, 512, 128, 900, 512, Path::FastBf16);
+  run_case(Kind::CSA, 2, 600, 128, 512, 128, 700, 512, Path::FastBf16);
+  run_case(Kind::CSA, 24, 900, 64, 512, 128, 1000, 512, Path::FastBf16);
+}
 TEST(CudaOpsAttention, Bf16KeysGiveBitwiseSameOutputs) {
   DSV4_REQUIRE_GPU();
   run_bf16_keys_case(Kind::CSA, 1, 5000, 64, 3000);   // split keys

@@ -46,6 +46,11 @@ inline float bf16_round(float x) {
   std::memcpy(&r, &u, 4);
   return r;
 }
+inline std::vector<float> bf16_round(const std::vector<float>& v) {
+  std::vector<float> r(v.size());
+  for (size_t i = 0; i < v.size(); ++i) r[i] = bf16_round(v[i]);
+  return r;
+}
 inline std::vector<uint16_t> bf16_bits(const std::vector<float>& v) {
   std::vector<uint16_t> b(v.size());
   for (size_t i = 0; i < v.size(); ++i) b[i] = bf16_bits_of(v[i]);
