@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <iterator>
@@ -14,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/act_quant.h"
 #include "backend/cuda/async_scratch.h"
 #include "backend/cuda/check.h"
 #include "backend/cuda/ops_mhc_decode.h"
@@ -255,6 +257,26 @@ double graph_median_us(F call) {
 // What stream-ordered scratch costs inside a graph (every split attention, indexer and MoE call
 // of a captured decode step allocates some): a 1 MB memset on a fixed buffer, and the same memset
 // on scratch allocated and released around it (graph memory nodes).
+// The inverse RoPE + FP8 quantisation before wo_a (act_quant_fp8_inverse_rope): V4-Flash's
+// attention output, 64 heads of 512 with 32 rotary pairs each, at decode and prefill rows.
+void bench_rope_quant() {
+  const int64_t heads = 64, hl = 512, pairs = 32, in = heads * hl, kb = in / 128;
+  std::vector<float> f(pairs);
+  for (int64_t i = 0; i < pairs; ++i) f[i] = std::pow(10000.0f, -2.0f * float(i) / float(2 * pairs));
+  DeviceBuffer df = to_device(f);
+  for (int64_t R : kRows) {
+    std::vector<int64_t> pos(R);
+    for (int64_t r = 0; r < R; ++r) pos[r] = 1000 + 37 * r;
+    DeviceBuffer x = floats(R * in), dp = to_device(pos), q(R * in), sc(R * kb * sizeof(float));
+    const InverseRope rope{df.as<float>(), pairs, dp.as<int64_t>(), hl};
+    const double us = median_us(
+        [&] { act_quant_fp8_inverse_rope(x.as<float>(), R, in, in, rope, q.as<uint8_t>(), in, sc.as<float>(), nullptr); });
+    // x read, its rotary channels written back, the codes and scales written.
+    const double bytes = R * (in * 4.0 + heads * 2 * pairs * 4.0 + in + kb * 4.0);
+    report("inverse rope+quant", R, "64 heads x 512, 32 pairs", us, bytes, 0.0);
+  }
+}
+
 void bench_scratch() {
   const size_t bytes = size_t(1) << 20;
   DeviceBuffer fixed(bytes);
@@ -341,13 +363,13 @@ void bench_indexer() {
 
 }  // namespace
 
-// Usage: bench_ops [norm|hc|attention|indexer|scratch]... (default all).
+// Usage: bench_ops [norm|hc|attention|indexer|rope-quant|scratch]... (default all).
 int main(int argc, char** argv) {
   const std::vector<std::string> parts(argv + 1, argv + argc);
-  const char* known[] = {"norm", "hc", "attention", "indexer", "scratch"};
+  const char* known[] = {"norm", "hc", "attention", "indexer", "rope-quant", "scratch"};
   for (const std::string& p : parts)
     if (std::find(std::begin(known), std::end(known), p) == std::end(known)) {
-      std::fprintf(stderr, "bench_ops: unknown part '%s' (norm | hc | attention | indexer | scratch)\n", p.c_str());
+      std::fprintf(stderr, "bench_ops: unknown part '%s' (norm | hc | attention | indexer | rope-quant | scratch)\n", p.c_str());
       return 2;
     }
   if (!available()) {
@@ -359,6 +381,7 @@ int main(int argc, char** argv) {
   if (want("hc")) bench_hc();
   if (want("attention")) bench_attention();
   if (want("indexer")) bench_indexer();
+  if (want("rope-quant")) bench_rope_quant();
   if (want("scratch")) bench_scratch();
   return 0;
 }

@@ -78,18 +78,25 @@ __global__ void quant_kernel(const float* __restrict__ x, int64_t rows, int64_t 
 
 // quant_kernel (no padding rows, stored order) after rotating the RoPE channels of each head
 // back in registers: a pair's two channels sit in lanes 2m, 2m + 1 (channel k and k ^ 1).
+// kRowTable (a row's blocks a multiple of the block's warps, pairs <= kMaxTablePairs): the block's
+// warps share one row, and its (cos, sin) per rotary pair are computed once into shared memory —
+// at 64 heads a row's 32 angles had been evaluated 64 times each, per lane (ncu at 256 rows:
+// compute-bound at 79% of the SM, DRAM 29%). Same cosf / sinf of the same fp32 angle as
+// rope_kernel, so the same bits.
+constexpr int kMaxTablePairs = kWarps * 32;
+template <bool kRowTable>
 __global__ void quant_inverse_rope_kernel(float* __restrict__ x, int64_t rows, int64_t in, int64_t ldx,
                                           InverseRope rope, uint8_t* __restrict__ q, int64_t ldq,
                                           float* __restrict__ scales, int64_t kblocks) {
   detail::pdl_trigger();
+  __shared__ float2 table[kRowTable ? kMaxTablePairs : 1];
   const int64_t id = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
-  if (id >= rows * kblocks) return;
+  if (!kRowTable && id >= rows * kblocks) return;  // (kRowTable: every warp of the grid has a block)
   const int64_t r = id / kblocks, kb = id % kblocks;
   const int lane = threadIdx.x & 31;
   const float p = static_cast<float>(rope.pos[r]);
-  // Channel within its head without a 64-bit modulo per value (ncu at 256 rows: compute-bound at
-  // 79% of the SM with DRAM at 29%): the block's first channel once, then subtraction (a block
-  // spans at most 128 / head_len + 1 heads).
+  // Channel within its head without a 64-bit modulo per value: the block's first channel once,
+  // then subtraction (a block spans at most 128 / head_len + 1 heads).
   const int hl = static_cast<int>(rope.head_len), tail = hl - 2 * static_cast<int>(rope.pairs);
   const int c0 = static_cast<int>((kb * 128) % rope.head_len);
   float v[4];
@@ -98,6 +105,13 @@ __global__ void quant_inverse_rope_kernel(float* __restrict__ x, int64_t rows, i
     const int64_t k = kb * 128 + lane + 32 * j;
     v[j] = k < in ? x[r * ldx + k] : 0.f;
   }
+  if constexpr (kRowTable) {
+    if (threadIdx.x < rope.pairs) {
+      const float ang = p * rope.inv_freq[threadIdx.x];  // rope_kernel's fp32 angle
+      table[threadIdx.x] = make_float2(cosf(ang), -sinf(ang));
+    }
+    __syncthreads();
+  }
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     const int64_t k = kb * 128 + lane + 32 * j;
@@ -105,19 +119,28 @@ __global__ void quant_inverse_rope_kernel(float* __restrict__ x, int64_t rows, i
     while (c >= hl) c -= hl;
     const float partner = __shfl_xor_sync(0xFFFFFFFFu, v[j], 1);
     if (k < in && c >= tail) {
-      const float ang = p * rope.inv_freq[(c - tail) / 2];  // rope_kernel's fp32 angle
+      float cs, sn;
+      if constexpr (kRowTable) {
+        const float2 t = table[(c - tail) / 2];
+        cs = t.x;
+        sn = t.y;
+      } else {
+        const float ang = p * rope.inv_freq[(c - tail) / 2];
+        cs = cosf(ang);
+        sn = -sinf(ang);
+      }
       const bool odd = lane & 1;
       float a = odd ? partner : v[j], b = odd ? v[j] : partner;
-      detail::rope_rotate(a, b, cosf(ang), -sinf(ang));
+      detail::rope_rotate(a, b, cs, sn);
       v[j] = odd ? b : a;
       x[r * ldx + k] = v[j];
     }
   }
-  const float s = block_scale(v);
+  const float s = block_scale(v), inv = 1.0f / s;  // a power of two: v * inv is v / s exactly
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     const int64_t k = kb * 128 + lane + 32 * j;
-    if (k < in) q[r * ldq + k] = to_e4m3(v[j] / s);
+    if (k < in) q[r * ldq + k] = to_e4m3(v[j] * inv);
   }
   if (lane == 0) scales[kb * rows + r] = s;
 }
@@ -187,7 +210,12 @@ void act_quant_fp8_inverse_rope(float* x, int64_t rows, int64_t in, int64_t ldx,
              rope.pairs, " rotary pairs");
   const int64_t kb = (in + 127) / 128;
   if (rows * kb == 0) return;
-  quant_inverse_rope_kernel<<<blocks_for(rows * kb), kWarps * 32, 0, s>>>(x, rows, in, ldx, rope, q, ldq, scales, kb);
+  if (kb % kWarps == 0 && rope.pairs <= kMaxTablePairs)
+    quant_inverse_rope_kernel<true><<<blocks_for(rows * kb), kWarps * 32, 0, s>>>(x, rows, in, ldx, rope, q, ldq,
+                                                                                 scales, kb);
+  else
+    quant_inverse_rope_kernel<false><<<blocks_for(rows * kb), kWarps * 32, 0, s>>>(x, rows, in, ldx, rope, q, ldq,
+                                                                                  scales, kb);
   DSV4_CUDA_LAUNCH_CHECK();
 }
 

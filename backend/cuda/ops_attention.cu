@@ -261,10 +261,12 @@ void sparse_attention(const float* q, const AttnRow* rows, int64_t R, int64_t H,
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const int64_t ctas = detail::attention_mma_ok(H, D) ? R * (H / detail::kAttnMmaHeads) : 0;
   if (fast && ctas >= 1) {
-    // One CTA per SM (its O accumulators fill the registers): split keys up to about one wave.
-    const int nsplit =
-        static_cast<int>(std::clamp<int64_t>(ceil_div(sm_count(), ctas), 1, ctas == 1 ? kMaxSplitMma : kMaxSplit));
+    // One CTA per SM (its O accumulators fill the registers): split keys up to about one wave. The
+    // wgmma kernel's per-CTA cost is mostly fixed (Q staging, output) with few 64-key tiles, so it
+    // takes at most one wave (64 rows: 2 splits in 128 CTAs, not 3 in 192 = two waves).
     const bool wgmma = bf16_keys && detail::attention_wgmma_ok(H, D);
+    const int64_t per_row = wgmma ? std::max<int64_t>(sm_count() / ctas, 1) : ceil_div(sm_count(), ctas);
+    const int nsplit = static_cast<int>(std::clamp<int64_t>(per_row, 1, ctas == 1 ? kMaxSplitMma : kMaxSplit));
     auto run = [&](int n, float* partial, float2* ml) {
       if (wgmma)
         detail::attention_wgmma(q, rows, R, H, W, sink, scale, n, o, partial, ml, s);
