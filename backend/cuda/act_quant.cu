@@ -50,6 +50,49 @@ __device__ __forceinline__ int block_pos(int kk, int order) {
   return kk;
 }
 
+// kVec (whole 128-blocks, 16-byte aligned rows, order 0 or 1): lane l holds channels 4l .. 4l + 3
+// (one float4 load, one 4-byte store of the codes, which are consecutive in both orders);
+// otherwise channels l + 32j. The same value math either way.
+template <bool kVec>
+__device__ __forceinline__ int lane_channel(int lane, int j) {
+  return kVec ? 4 * lane + j : lane + 32 * j;
+}
+
+template <bool kVec>
+__device__ __forceinline__ void load_lane(const float* x, int64_t r, int64_t kb, int64_t in, int64_t ldx, float* v) {
+  const int lane = threadIdx.x & 31;
+  if constexpr (kVec) {
+    const float4 t = *reinterpret_cast<const float4*>(x + r * ldx + kb * 128 + 4 * lane);
+    v[0] = t.x, v[1] = t.y, v[2] = t.z, v[3] = t.w;
+  } else {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t k = kb * 128 + lane + 32 * j;
+      v[j] = k < in ? x[r * ldx + k] : 0.f;
+    }
+  }
+}
+
+// Codes of the lane's values v / s (s a power of two: v * (1 / s) is the same).
+template <bool kVec>
+__device__ __forceinline__ void store_codes(uint8_t* q, int64_t r, int64_t ldq, int64_t kb, int64_t in, int order,
+                                            const float* v, float s) {
+  const int lane = threadIdx.x & 31;
+  const float inv = 1.0f / s;
+  if constexpr (kVec) {
+    const uint32_t w = uint32_t(to_e4m3(v[0] * inv)) | uint32_t(to_e4m3(v[1] * inv)) << 8 |
+                       uint32_t(to_e4m3(v[2] * inv)) << 16 | uint32_t(to_e4m3(v[3] * inv)) << 24;
+    *reinterpret_cast<uint32_t*>(q + r * ldq + kb * 128 + block_pos(4 * lane, order)) = w;
+  } else {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t k = kb * 128 + lane + 32 * j;
+      if (k < in) q[r * ldq + kb * 128 + block_pos(lane + 32 * j, order)] = to_e4m3(v[j] * inv);
+    }
+  }
+}
+
+template <bool kVec>
 __global__ void quant_kernel(const float* __restrict__ x, int64_t rows, int64_t in, int64_t ldx, int64_t rows_pad,
                              uint8_t* __restrict__ q, int64_t ldq, float* __restrict__ scales, int64_t kblocks,
                              int order) {
@@ -67,12 +110,9 @@ __global__ void quant_kernel(const float* __restrict__ x, int64_t rows, int64_t 
     return;
   }
   float v[4];
-  const float s = load_block(x, r, kb, in, ldx, v);
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const int64_t k = kb * 128 + lane + 32 * j;
-    if (k < in) q[r * ldq + kb * 128 + block_pos(lane + 32 * j, order)] = to_e4m3(v[j] / s);
-  }
+  load_lane<kVec>(x, r, kb, in, ldx, v);
+  const float s = block_scale(v);
+  store_codes<kVec>(q, r, ldq, kb, in, order, v, s);
   if (lane == 0) scales[kb * rows_pad + r] = s;
 }
 
@@ -84,7 +124,7 @@ __global__ void quant_kernel(const float* __restrict__ x, int64_t rows, int64_t 
 // compute-bound at 79% of the SM, DRAM 29%). Same cosf / sinf of the same fp32 angle as
 // rope_kernel, so the same bits.
 constexpr int kMaxTablePairs = kWarps * 32;
-template <bool kRowTable>
+template <bool kRowTable, bool kVec>
 __global__ void quant_inverse_rope_kernel(float* __restrict__ x, int64_t rows, int64_t in, int64_t ldx,
                                           InverseRope rope, uint8_t* __restrict__ q, int64_t ldq,
                                           float* __restrict__ scales, int64_t kblocks) {
@@ -100,11 +140,7 @@ __global__ void quant_inverse_rope_kernel(float* __restrict__ x, int64_t rows, i
   const int hl = static_cast<int>(rope.head_len), tail = hl - 2 * static_cast<int>(rope.pairs);
   const int c0 = static_cast<int>((kb * 128) % rope.head_len);
   float v[4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const int64_t k = kb * 128 + lane + 32 * j;
-    v[j] = k < in ? x[r * ldx + k] : 0.f;
-  }
+  load_lane<kVec>(x, r, kb, in, ldx, v);
   if constexpr (kRowTable) {
     if (threadIdx.x < rope.pairs) {
       const float ang = p * rope.inv_freq[threadIdx.x];  // rope_kernel's fp32 angle
@@ -112,36 +148,43 @@ __global__ void quant_inverse_rope_kernel(float* __restrict__ x, int64_t rows, i
     }
     __syncthreads();
   }
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const int64_t k = kb * 128 + lane + 32 * j;
-    int c = c0 + lane + 32 * j;
+  auto rotation = [&](int c) {  // (cos, -sin) of the pair holding channel c (>= tail)
+    if constexpr (kRowTable) return table[(c - tail) / 2];
+    const float ang = p * rope.inv_freq[(c - tail) / 2];
+    return make_float2(cosf(ang), -sinf(ang));
+  };
+  if constexpr (kVec) {  // channels c, c + 1 and c + 2, c + 3: two pairs in the lane (c even)
+    int c = c0 + 4 * lane;
     while (c >= hl) c -= hl;
-    const float partner = __shfl_xor_sync(0xFFFFFFFFu, v[j], 1);
-    if (k < in && c >= tail) {
-      float cs, sn;
-      if constexpr (kRowTable) {
-        const float2 t = table[(c - tail) / 2];
-        cs = t.x;
-        sn = t.y;
-      } else {
-        const float ang = p * rope.inv_freq[(c - tail) / 2];
-        cs = cosf(ang);
-        sn = -sinf(ang);
+    bool rotated = false;
+#pragma unroll
+    for (int j = 0; j < 4; j += 2)
+      if (c + j >= tail) {
+        const float2 t = rotation(c + j);
+        detail::rope_rotate(v[j], v[j + 1], t.x, t.y);
+        rotated = true;
       }
-      const bool odd = lane & 1;
-      float a = odd ? partner : v[j], b = odd ? v[j] : partner;
-      detail::rope_rotate(a, b, cs, sn);
-      v[j] = odd ? b : a;
-      x[r * ldx + k] = v[j];
+    if (rotated)
+      *reinterpret_cast<float4*>(x + r * ldx + kb * 128 + 4 * lane) = make_float4(v[0], v[1], v[2], v[3]);
+  } else {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t k = kb * 128 + lane + 32 * j;
+      int c = c0 + lane + 32 * j;
+      while (c >= hl) c -= hl;
+      const float partner = __shfl_xor_sync(0xFFFFFFFFu, v[j], 1);
+      if (k < in && c >= tail) {
+        const float2 t = rotation(c);
+        const bool odd = lane & 1;
+        float a = odd ? partner : v[j], b = odd ? v[j] : partner;
+        detail::rope_rotate(a, b, t.x, t.y);
+        v[j] = odd ? b : a;
+        x[r * ldx + k] = v[j];
+      }
     }
   }
-  const float s = block_scale(v), inv = 1.0f / s;  // a power of two: v * inv is v / s exactly
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const int64_t k = kb * 128 + lane + 32 * j;
-    if (k < in) q[r * ldq + k] = to_e4m3(v[j] * inv);
-  }
+  const float s = block_scale(v);
+  store_codes<kVec>(q, r, ldq, kb, in, 0, v, s);
   if (lane == 0) scales[kb * rows + r] = s;
 }
 
@@ -181,6 +224,12 @@ __global__ void fake_quant_kernel(const float* x, int64_t rows, int64_t in, int6
 
 unsigned blocks_for(int64_t warps) { return static_cast<unsigned>((warps + kWarps - 1) / kWarps); }
 
+// The float4-per-lane form: whole 128-blocks, 16-byte aligned rows of x, 4-byte aligned code rows.
+bool vec_ok(const float* x, int64_t in, int64_t ldx, const uint8_t* q, int64_t ldq) {
+  const auto al = [](const void* p, uintptr_t a) { return (reinterpret_cast<uintptr_t>(p) & (a - 1)) == 0; };
+  return in % 128 == 0 && ldx % 4 == 0 && ldq % 4 == 0 && al(x, 16) && al(q, 4);
+}
+
 }  // namespace
 
 void act_quant_fp8(const float* x, int64_t rows, int64_t in, int64_t ldx, int64_t rows_pad, uint8_t* q, int64_t ldq,
@@ -188,8 +237,9 @@ void act_quant_fp8(const float* x, int64_t rows, int64_t in, int64_t ldx, int64_
   DSV4_CHECK(!mma_packed || in % 128 == 0, "act_quant_fp8: the mma-packed order needs whole 128-blocks");
   const int64_t kb = (in + 127) / 128;
   if (rows_pad * kb == 0) return;
-  quant_kernel<<<blocks_for(rows_pad * kb), kWarps * 32, 0, s>>>(x, rows, in, ldx, rows_pad, q, ldq, scales, kb,
-                                                                 mma_packed ? 1 : 0);
+  auto* kernel = vec_ok(x, in, ldx, q, ldq) ? quant_kernel<true> : quant_kernel<false>;
+  kernel<<<blocks_for(rows_pad * kb), kWarps * 32, 0, s>>>(x, rows, in, ldx, rows_pad, q, ldq, scales, kb,
+                                                           mma_packed ? 1 : 0);
   DSV4_CUDA_LAUNCH_CHECK();
 }
 
@@ -198,7 +248,7 @@ void act_quant_fp8_wgmma_b(const float* x, int64_t rows, int64_t in, int64_t ldx
   DSV4_CHECK(in % 128 == 0, "act_quant_fp8_wgmma_b: needs whole 128-blocks");
   const int64_t kb = in / 128;
   if (rows * kb == 0) return;
-  quant_kernel<<<blocks_for(rows * kb), kWarps * 32, 0, s>>>(x, rows, in, ldx, rows, q, ldq, scales, kb, 2);
+  quant_kernel<false><<<blocks_for(rows * kb), kWarps * 32, 0, s>>>(x, rows, in, ldx, rows, q, ldq, scales, kb, 2);
   DSV4_CUDA_LAUNCH_CHECK();
 }
 
@@ -210,12 +260,12 @@ void act_quant_fp8_inverse_rope(float* x, int64_t rows, int64_t in, int64_t ldx,
              rope.pairs, " rotary pairs");
   const int64_t kb = (in + 127) / 128;
   if (rows * kb == 0) return;
-  if (kb % kWarps == 0 && rope.pairs <= kMaxTablePairs)
-    quant_inverse_rope_kernel<true><<<blocks_for(rows * kb), kWarps * 32, 0, s>>>(x, rows, in, ldx, rope, q, ldq,
-                                                                                 scales, kb);
-  else
-    quant_inverse_rope_kernel<false><<<blocks_for(rows * kb), kWarps * 32, 0, s>>>(x, rows, in, ldx, rope, q, ldq,
-                                                                                  scales, kb);
+  // vec: a lane's 4 channels in one head (head_len % 4 == 0).
+  const bool table = kb % kWarps == 0 && rope.pairs <= kMaxTablePairs,
+             vec = vec_ok(x, in, ldx, q, ldq) && rope.head_len % 4 == 0;
+  auto* kernel = table ? (vec ? quant_inverse_rope_kernel<true, true> : quant_inverse_rope_kernel<true, false>)
+                       : (vec ? quant_inverse_rope_kernel<false, true> : quant_inverse_rope_kernel<false, false>);
+  kernel<<<blocks_for(rows * kb), kWarps * 32, 0, s>>>(x, rows, in, ldx, rope, q, ldq, scales, kb);
   DSV4_CUDA_LAUNCH_CHECK();
 }
 
