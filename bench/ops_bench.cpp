@@ -218,17 +218,19 @@ void bench_attention() {
       rows16[r].ring = ring16.as<float>() + sq * W * half;
       rows16[r].entries = entries16.as<float>() + sq * pool * half;
     }
-    DeviceBuffer drows16 = to_device(rows16);
-    for (int variant = 0; variant < 3; ++variant) {  // fp32 (Exact), bf16 tensor cores (Fast), and on bf16 keys
+    DeviceBuffer drows16 = to_device(rows16), q16 = bf16_copy(q, R * H * D);
+    // fp32 (Exact), bf16 tensor cores (Fast), and on bf16 keys and q (a Fast model's form).
+    for (int variant = 0; variant < 3; ++variant) {
       const bool fast = variant > 0, k16 = variant == 2;
+      const KeyFormat f = k16 ? KeyFormat::BF16 : KeyFormat::F32;
       const double us = median_us([&] {
-        sparse_attention(q.as<float>(), (k16 ? drows16 : drows).as<AttnRow>(), R, H, D, W, sink.as<float>(),
-                         o.as<float>(), nullptr, fast, k16 ? KeyFormat::BF16 : KeyFormat::F32);
+        sparse_attention((k16 ? q16 : q).as<float>(), (k16 ? drows16 : drows).as<AttnRow>(), R, H, D, W,
+                         sink.as<float>(), o.as<float>(), nullptr, fast, f, f);
       });
       const double keys = W + n_sel, kb = k16 ? 2.0 : 4.0;
       const double key_bytes = prefill ? (R + W + pool) * D * kb : R * keys * D * kb;
       report(k16 ? "attention fast bf16" : fast ? "attention fast" : "attention exact", R, "H 64 D 512, 128+512 keys",
-             us, 2.0 * R * H * D * 4 + key_bytes, 4.0 * R * H * keys * D, fast ? kBf16Flops : kSimtFlops);
+             us, R * H * D * (kb + 4.0) + key_bytes, 4.0 * R * H * keys * D, fast ? kBf16Flops : kSimtFlops);
     }
   }
 }

@@ -146,9 +146,12 @@ struct AttnRow {
 // kv BF16 (needs attention_bf16_keys_ok and fast): the rows' chunk_kv, ring and entries hold bf16
 // keys (D bf16 per key, their pointers typed float), read by the warpgroup-MMA kernel
 // (ops_attention_wgmma.cu) on sm_90a, else by the mma.sync one, whose outputs are those of the
-// same keys in fp32 (it rounds keys to bf16 before its MMAs) bit for bit.
+// same keys in fp32 (it rounds keys to bf16 before its MMAs) bit for bit. q_format BF16 (with kv
+// BF16): q holds bf16 too (rms_norm_rope's bf16 output, D / 2 float slots per head), the values
+// both kernels round fp32 q to: the same outputs, half the q bytes.
 void sparse_attention(const float* q, const AttnRow* rows, int64_t R, int64_t H, int64_t D, int64_t W,
-                      const float* sink, float* o, cudaStream_t s, bool fast = false, KeyFormat kv = KeyFormat::F32);
+                      const float* sink, float* o, cudaStream_t s, bool fast = false, KeyFormat kv = KeyFormat::F32,
+                      KeyFormat q_format = KeyFormat::F32);
 // Whether sparse_attention takes bf16 keys at this shape (the tensor-core kernel's).
 bool attention_bf16_keys_ok(int64_t H, int64_t D);
 // false: bf16 keys go to the mma.sync kernel even where the wgmma one runs (A/B runs and tests;

@@ -84,10 +84,8 @@ __global__ void __launch_bounds__(kAThreads, 2)  // 2 blocks per SM (the shared 
   const int split = blockIdx.z;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const AttnRow row = rows[r];
-  const int64_t lo = std::max<int64_t>(0, row.pos - W + 1), nwin = row.pos - lo + 1;
-  const int64_t nkeys = nwin + (row.sel ? row.n_sel : row.n_entries);
-  const int64_t chunk = ceil_div(ceil_div(nkeys, nsplit), kAK) * kAK;
-  const int64_t kb = std::min<int64_t>(nkeys, split * chunk), ke = std::min<int64_t>(nkeys, kb + chunk);
+  const detail::SplitKeys sk = detail::split_keys(row, W, nsplit, split, kAK);
+  const int64_t lo = sk.lo, nwin = sk.nwin, kb = sk.kb, ke = sk.ke;
   const int64_t D4 = D / 4, ldk = D + 4;
 
   stage_rows(Qs, D, static_cast<int>(kAH), static_cast<int>(D4),
@@ -250,12 +248,14 @@ void merge(const float* partial, const float2* ml, int64_t R, int64_t H, int64_t
 bool attention_bf16_keys_ok(int64_t H, int64_t D) { return H > 0 && detail::attention_mma_ok(H, D); }
 
 void sparse_attention(const float* q, const AttnRow* rows, int64_t R, int64_t H, int64_t D, int64_t W,
-                      const float* sink, float* o, cudaStream_t s, bool fast, KeyFormat kv) {
+                      const float* sink, float* o, cudaStream_t s, bool fast, KeyFormat kv, KeyFormat q_format) {
   DSV4_CHECK(D % 4 == 0 && D <= kMaxD, "cuda::sparse_attention: head dim must be a multiple of 4, <= ", kMaxD);
   const bool bf16_keys = kv == KeyFormat::BF16;
   DSV4_CHECK(!bf16_keys || (fast && attention_bf16_keys_ok(H, D)),
              "cuda::sparse_attention: bf16 keys need Fast precision and the tensor-core kernel's shape (H % 64 == 0, "
              "D == 512); got H ", H, ", D ", D, fast ? "" : " in Exact precision");
+  const bool bf16_q = q_format == KeyFormat::BF16;
+  DSV4_CHECK(!bf16_q || bf16_keys, "cuda::sparse_attention: bf16 q needs bf16 keys (the tensor-core kernels' form)");
   DSV4_CHECK(W >= 1, "cuda::sparse_attention: window must be >= 1");
   if (R == 0 || H == 0) return;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
@@ -269,9 +269,9 @@ void sparse_attention(const float* q, const AttnRow* rows, int64_t R, int64_t H,
     const int nsplit = static_cast<int>(std::clamp<int64_t>(per_row, 1, ctas == 1 ? kMaxSplitMma : kMaxSplit));
     auto run = [&](int n, float* partial, float2* ml) {
       if (wgmma)
-        detail::attention_wgmma(q, rows, R, H, W, sink, scale, n, o, partial, ml, s);
+        detail::attention_wgmma(q, rows, R, H, W, sink, scale, n, o, partial, ml, s, bf16_q);
       else
-        detail::attention_mma(q, rows, R, H, W, sink, scale, n, o, partial, ml, s, bf16_keys);
+        detail::attention_mma(q, rows, R, H, W, sink, scale, n, o, partial, ml, s, bf16_keys, bf16_q);
     };
     if (nsplit == 1) return run(1, nullptr, nullptr);
     float* partial = async_scratch_of<float>(R * H * nsplit * D, s);

@@ -3,6 +3,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <cstdint>
 
 #include "backend/cuda/ops.h"
@@ -25,19 +26,44 @@ __device__ __forceinline__ const float* key_ptr(const AttnRow& row, int64_t j, i
   return row.entries + i * D;
 }
 
+// The part of a row's key list that split `split` of `nsplit` takes, in whole tiles of `tile`
+// keys: [kb, ke) (empty past the end), and the window's first position lo and length nwin.
+struct SplitKeys {
+  int64_t lo, nwin, kb, ke;
+};
+__device__ __forceinline__ SplitKeys split_keys(const AttnRow& row, int64_t W, int nsplit, int split, int64_t tile) {
+  SplitKeys k;
+  k.lo = row.pos - W + 1 > 0 ? row.pos - W + 1 : 0;
+  k.nwin = row.pos - k.lo + 1;
+  const int64_t nkeys = k.nwin + (row.sel ? row.n_sel : row.n_entries);
+  const int64_t chunk = (((nkeys + nsplit - 1) / nsplit + tile - 1) / tile) * tile;
+  k.kb = split * chunk < nkeys ? split * chunk : nkeys;
+  k.ke = k.kb + chunk < nkeys ? k.kb + chunk : nkeys;
+  return k;
+}
+// A split without keys: weight 0 for its `heads` heads from h0 (the merge skips their
+// accumulators). Threads < heads write.
+__device__ __forceinline__ void mark_empty_split(float2* ml, int64_t r, int64_t H, int64_t h0, int nsplit, int split,
+                                                 int heads) {
+  if (static_cast<int>(threadIdx.x) < heads)
+    ml[((r * H + h0) + threadIdx.x) * nsplit + split] = make_float2(-INFINITY, 0.f);
+}
+
 // Tensor-core attention (Fast precision) for H % 64 == 0 and D == 512: o, or with partial the
 // flash-decoding triples of the key-list splits (the fp32 kernel's format, merged by the same
 // kernel). grid (H / 64, R, nsplit).
 constexpr int kAttnMmaHeads = 64;
 constexpr int kAttnMmaDim = 512;
 inline bool attention_mma_ok(int64_t H, int64_t D) { return H % kAttnMmaHeads == 0 && D == kAttnMmaDim; }
-// bf16_keys: the rows' keys are stored as bf16 (cuda::KeyFormat::BF16), D / 2 float slots each.
+// bf16_keys: the rows' keys are stored as bf16 (cuda::KeyFormat::BF16), D / 2 float slots each;
+// bf16_q (with bf16_keys): q too.
 void attention_mma(const float* q, const AttnRow* rows, int64_t R, int64_t H, int64_t W, const float* sink, float scale,
-                   int nsplit, float* o, float* partial, float2* ml, cudaStream_t s, bool bf16_keys = false);
+                   int nsplit, float* o, float* partial, float2* ml, cudaStream_t s, bool bf16_keys = false,
+                   bool bf16_q = false);
 // The same for bf16 keys on warpgroup MMA (ops_attention_wgmma.cu): sm_90 device, arch-90a
 // build, not switched off by set_attention_wgmma(false).
 bool attention_wgmma_ok(int64_t H, int64_t D);
 void attention_wgmma(const float* q, const AttnRow* rows, int64_t R, int64_t H, int64_t W, const float* sink,
-                     float scale, int nsplit, float* o, float* partial, float2* ml, cudaStream_t s);
+                     float scale, int nsplit, float* o, float* partial, float2* ml, cudaStream_t s, bool bf16_q);
 
 }  // namespace dsv4::cuda::detail

@@ -118,7 +118,17 @@ __device__ __forceinline__ void fetch_keys(float (*kf)[kD], const float* const* 
 
 // kBf16: the keys are stored as bf16 (D / 2 float slots per key): tiles alternate between k and
 // the fp32 staging buffer's bytes, each loaded while the other is multiplied.
-template <bool kBf16>
+// q rows stored as bf16 (D / 2 float slots each) copied as they are into the padded q tile.
+__device__ __forceinline__ void stage_q_bf16(__nv_bfloat16 (*dst)[kQPitch], const float* q) {
+  constexpr int c16 = kD * 2 / 16;  // 16-byte chunks per row
+  for (int i = threadIdx.x; i < kH * c16; i += kThreads)
+    *reinterpret_cast<uint4*>(&dst[i / c16][8 * (i % c16)]) =
+        __ldg(reinterpret_cast<const uint4*>(q + (i / c16) * (kD / 2)) + i % c16);
+}
+
+// kBf16Q: q is stored as bf16 (rms_norm_rope's bf16 output: the same values this kernel's
+// staging rounds fp32 q to).
+template <bool kBf16, bool kBf16Q>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_mma_kernel(const float* __restrict__ q, const AttnRow* __restrict__ rows, int64_t H, int64_t W,
                          const float* __restrict__ sink, float scale, int nsplit, float* __restrict__ o,
@@ -129,15 +139,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int split = blockIdx.z;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, qd = lane & 3;
   const AttnRow row = rows[r];
-  const int64_t lo = row.pos - W + 1 > 0 ? row.pos - W + 1 : 0, nwin = row.pos - lo + 1;
-  const int64_t nkeys = nwin + (row.sel ? row.n_sel : row.n_entries);
-  const int64_t chunk = ceil_div(ceil_div(nkeys, int64_t(nsplit)), int64_t(kKeys)) * kKeys;
-  const int64_t kb = split * chunk < nkeys ? split * chunk : nkeys, ke = kb + chunk < nkeys ? kb + chunk : nkeys;
-  if (kb >= ke && partial) {  // no keys in this split: weight 0 (the merge skips its accumulators)
-    const int64_t slot0 = (r * H + h0) * nsplit + split;
-    if (tid < kH) ml[slot0 + tid * nsplit] = make_float2(-INFINITY, 0.f);
-    return;
-  }
+  const SplitKeys sk = split_keys(row, W, nsplit, split, kKeys);
+  const int64_t lo = sk.lo, nwin = sk.nwin, kb = sk.kb, ke = sk.ke;
+  if (kb >= ke && partial) return mark_empty_split(ml, r, H, h0, nsplit, split, kH);
 
   constexpr int64_t kStride = kBf16 ? kD / 2 : kD;  // float slots per stored key
   // bf16 tiles: k, and the fp32 staging buffer's bytes (33 of its 64 KB), alternately.
@@ -153,7 +157,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     else
       fetch_keys(S.kf, S.kp[0]);
   }
-  stage_bf16(S.q, kH, [&](int h) { return q + (r * H + h0 + h) * kD; });
+  if constexpr (kBf16Q)
+    stage_q_bf16(S.q, q + (r * H + h0) * (kD / 2));
+  else
+    stage_bf16(S.q, kH, [&](int h) { return q + (r * H + h0 + h) * kD; });
   if (tid < kH) {
     S.m[tid] = sink[h0 + tid];
     S.l[tid] = 0.f;
@@ -317,15 +324,19 @@ __global__ void __launch_bounds__(kThreads, 1)
 }  // namespace
 
 void attention_mma(const float* q, const AttnRow* rows, int64_t R, int64_t H, int64_t W, const float* sink, float scale,
-                   int nsplit, float* o, float* partial, float2* ml, cudaStream_t s, bool bf16_keys) {
+                   int nsplit, float* o, float* partial, float2* ml, cudaStream_t s, bool bf16_keys, bool bf16_q) {
   DSV4_CHECK(attention_mma_ok(H, kD), "attention_mma: needs H % 64 == 0 and D == 512");
+  DSV4_CHECK(bf16_keys || !bf16_q, "attention_mma: bf16 q goes with bf16 keys");
   const size_t smem = sizeof(Smem);
-  auto* kernel = bf16_keys ? attention_mma_kernel<true> : attention_mma_kernel<false>;
+  auto* kernel = bf16_q      ? attention_mma_kernel<true, true>
+                 : bf16_keys ? attention_mma_kernel<true, false>
+                             : attention_mma_kernel<false, false>;
+  const int64_t q_row = bf16_q ? kD / 2 : kD;  // float slots per q row
   DSV4_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   for_row_ranges(R, [&](int64_t r0, int64_t n) {
     const dim3 grid(static_cast<unsigned>(H / kH), static_cast<unsigned>(n), static_cast<unsigned>(nsplit));
     const int64_t slots = r0 * H * nsplit;  // partial / ml slots of the rows before r0
-    kernel<<<grid, kThreads, smem, s>>>(q + r0 * H * kD, rows + r0, H, W, sink, scale, nsplit, o + r0 * H * kD,
+    kernel<<<grid, kThreads, smem, s>>>(q + r0 * H * q_row, rows + r0, H, W, sink, scale, nsplit, o + r0 * H * kD,
                                         partial ? partial + slots * kD : nullptr, ml ? ml + slots : nullptr);
     DSV4_CUDA_LAUNCH_CHECK();
   });

@@ -105,6 +105,9 @@ __device__ __forceinline__ float exp2_approx(float x) {
   return y;
 }
 
+// kBf16Q: q stored as bf16 (rms_norm_rope's bf16 output), copied by cp.async into the swizzle
+// with the first key tile (no register round trip, half the bytes of fp32 q).
+template <bool kBf16Q>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_wgmma_kernel(const float* __restrict__ q, const AttnRow* __restrict__ rows, int64_t H, int64_t W,
                            const float* __restrict__ sink, float scale, int nsplit, float* __restrict__ o,
@@ -119,15 +122,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int tid = threadIdx.x, wg = __shfl_sync(0xFFFFFFFFu, tid >> 7, 0), wq = (tid >> 5) & 3, lane = tid & 31,
             g = lane >> 2, qd = lane & 3;
   const AttnRow row = rows[r];
-  const int64_t lo = row.pos - W + 1 > 0 ? row.pos - W + 1 : 0, nwin = row.pos - lo + 1;
-  const int64_t nkeys = nwin + (row.sel ? row.n_sel : row.n_entries);
-  const int64_t chunk = ceil_div(ceil_div(nkeys, int64_t(nsplit)), int64_t(kKeys)) * kKeys;
-  const int64_t kb = split * chunk < nkeys ? split * chunk : nkeys, ke = kb + chunk < nkeys ? kb + chunk : nkeys;
-  if (kb >= ke && partial) {  // no keys in this split: weight 0 (the merge skips its accumulators)
-    const int64_t slot0 = (r * H + h0) * nsplit + split;
-    if (tid < kH) ml[slot0 + tid * nsplit] = make_float2(-INFINITY, 0.f);
-    return;
-  }
+  const SplitKeys sk = split_keys(row, W, nsplit, split, kKeys);
+  const int64_t lo = sk.lo, nwin = sk.nwin, kb = sk.kb, ke = sk.ke;
+  if (kb >= ke && partial) return mark_empty_split(ml, r, H, h0, nsplit, split, kH);
   constexpr int64_t kStride = kD / 2;  // float slots per stored bf16 key
   auto key_at = [&](int64_t j) { return j < ke ? key_ptr(row, j, lo, nwin, W, kStride) : nullptr; };
   // Key rows of a tile into slot b (threads < 64, warps 0 and 1: one ballot word each).
@@ -156,15 +153,26 @@ __global__ void __launch_bounds__(kThreads, 1)
           make_uint2(pack_bf16(qv[b].x, qv[b].y), pack_bf16(qv[b].z, qv[b].w));
     }
   };
-  q_load(0);
-  lookup(0, kb);
-  __syncthreads();
-  if (kb < ke) fetch_tile(S.k[0], S.kp[0], q);
-  q_store(0);
+  if constexpr (kBf16Q) {
+    const uint8_t* q16 = reinterpret_cast<const uint8_t*>(q + (r * H + h0) * (kD / 2));
+    constexpr int chunks = kD * 2 / 16;  // per head
+    for (int i = tid; i < kH * chunks; i += kThreads)
+      cp_async16(S.q + sw_offset(i / chunks, i % chunks, kH), q16 + 16 * i);
+    lookup(0, kb);
+    __syncthreads();
+    if (kb < ke) fetch_tile(S.k[0], S.kp[0], q);  // commits Q's copies too
+    else cp_async_commit();
+  } else {
+    q_load(0);
+    lookup(0, kb);
+    __syncthreads();
+    if (kb < ke) fetch_tile(S.k[0], S.kp[0], q);
+    q_store(0);
 #pragma unroll 1
-  for (int round = 1; round < kQRounds; ++round) {
-    q_load(round);
-    q_store(round);
+    for (int round = 1; round < kQRounds; ++round) {
+      q_load(round);
+      q_store(round);
+    }
   }
   // This thread's heads: rows g and g + 8 of its warp's 16 (accumulator i: row (i / 2) % 2).
   const int hr[2] = {16 * wq + g, 16 * wq + g + 8};
@@ -330,18 +338,18 @@ bool attention_wgmma_ok(int64_t H, int64_t D) {
 }
 
 void attention_wgmma(const float* q, const AttnRow* rows, int64_t R, int64_t H, int64_t W, const float* sink,
-                     float scale, int nsplit, float* o, float* partial, float2* ml, cudaStream_t s) {
+                     float scale, int nsplit, float* o, float* partial, float2* ml, cudaStream_t s, bool bf16_q) {
   DSV4_CHECK(attention_wgmma_ok(H, kD), "attention_wgmma: needs H % 64 == 0, D == 512, an sm_90 device and an "
                                         "arch-90a build");
   const size_t smem = 1024 + sizeof(Smem);  // + the alignment of the swizzle atoms
-  DSV4_CUDA_CHECK(cudaFuncSetAttribute(attention_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(smem)));
+  auto* kernel = bf16_q ? attention_wgmma_kernel<true> : attention_wgmma_kernel<false>;
+  DSV4_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  const int64_t q_row = bf16_q ? kD / 2 : kD;  // float slots per q row
   for_row_ranges(R, [&](int64_t r0, int64_t n) {
     const dim3 grid(static_cast<unsigned>(H / kH), static_cast<unsigned>(n), static_cast<unsigned>(nsplit));
     const int64_t slots = r0 * H * nsplit;  // partial / ml slots of the rows before r0
-    attention_wgmma_kernel<<<grid, kThreads, smem, s>>>(q + r0 * H * kD, rows + r0, H, W, sink, scale, nsplit,
-                                                        o + r0 * H * kD, partial ? partial + slots * kD : nullptr,
-                                                        ml ? ml + slots : nullptr);
+    kernel<<<grid, kThreads, smem, s>>>(q + r0 * H * q_row, rows + r0, H, W, sink, scale, nsplit, o + r0 * H * kD,
+                                        partial ? partial + slots * kD : nullptr, ml ? ml + slots : nullptr);
     DSV4_CUDA_LAUNCH_CHECK();
   });
 }

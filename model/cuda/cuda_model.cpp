@@ -85,6 +85,10 @@ CudaModel::CudaModel(const ModelWeights& w, cuda::Precision precision)
   if (precision_ == cuda::Precision::Fast && !(kvf && std::string(kvf) == "f32") &&
       cuda::attention_bf16_keys_ok(dw_.config.num_heads, dw_.config.head_dim))
     kv_format_ = cuda::KeyFormat::BF16;
+  // With bf16 keys, q reaches attention as bf16 too (the values its kernels round to); DSV4_Q=f32
+  // keeps it fp32 (same outputs; an A/B switch).
+  const char* qf = std::getenv("DSV4_Q");
+  if (kv_format_ == cuda::KeyFormat::BF16 && !(qf && std::string(qf) == "f32")) q_format_ = cuda::KeyFormat::BF16;
   // Fast precision reads FP4 experts only through the tensor-core kernels: re-lay them once for
   // 16-byte loads (this model owns the upload; DSV4_MOE_PACK=0 keeps the stored layout).
   const char* pack = std::getenv("DSV4_MOE_PACK");
@@ -188,6 +192,7 @@ struct CudaModel::Acts {
   float *X, *u, *F, *F2, *pre, *post, *comb, *qr, *q, *kv, *ca, *cz, *ia, *iz, *qI, *omega, *o, *y, *glog, *eweights, *gu,
       *hbuf;
   float* kv_store;  // the chunk's keys as the sequences store them: kv (fp32) or kv16 (bf16 pairs)
+  float* q_attn;    // q as attention reads it: q (fp32) or, with bf16 keys, q16 (bf16 pairs)
   int32_t *sel, *experts;
   const uint8_t* blob = nullptr;
   const int32_t* tok = nullptr;
@@ -214,6 +219,9 @@ CudaModel::Acts CudaModel::scratch(int64_t R) {
   a.q = ws.get<float>("q", R * H * D);
   a.kv = ws.get<float>("kv", R * D);
   a.kv_store = kv_format_ == cuda::KeyFormat::BF16 ? ws.get<float>("kv16", R * D / 2) : a.kv;
+  // With bf16 keys q goes to attention as bf16 (q16), and the fp32 q, dead once normed, takes the
+  // attention output: 64 KB per token less than separate q and o.
+  a.q_attn = q_format_ == cuda::KeyFormat::BF16 ? ws.get<float>("q16", R * H * D / 2) : a.q;
   a.ca = ws.get<float>("ca", R * 2 * D);
   a.cz = ws.get<float>("cz", R * 2 * D);
   a.ia = ws.get<float>("ia", R * 2 * dI);
@@ -221,7 +229,7 @@ CudaModel::Acts CudaModel::scratch(int64_t R) {
   a.qI = ws.get<float>("qI", R * nI * dI);
   a.omega = ws.get<float>("omega", R * nI);
   a.sel = ws.get<int32_t>("sel", R * topk);
-  a.o = ws.get<float>("o", R * H * D);
+  a.o = q_format_ == cuda::KeyFormat::BF16 ? a.q : ws.get<float>("o", R * H * D);
   a.y = ws.get<float>("y", R * G * Ro);
   a.glog = ws.get<float>("glog", R * E);
   a.experts = ws.get<int32_t>("experts", R * K);
@@ -409,12 +417,12 @@ void CudaModel::run_layer(const DeviceLayer& L, size_t li, const float* rope, co
   }
   linear(L.wq_b, qr, R, q);
   mark("wq_b");
-  cuda::rms_norm_rope(q, nullptr, R, H, D, eps, rope, P, a.pos, s);
+  cuda::rms_norm_rope(q, nullptr, R, H, D, eps, rope, P, a.pos, s, a.q_attn == q ? nullptr : a.q_attn);
   mark("q norm+rope");
   br.join(kCompressorSide);
   if (L.kind == AttnKind::CSA) br.join(kIndexerSide);
-  cuda::sparse_attention(q, reinterpret_cast<const cuda::AttnRow*>(at(ld.attn)), R, H, D, W, L.sink, o, s,
-                         precision_ == cuda::Precision::Fast, kv_format_);
+  cuda::sparse_attention(a.q_attn, reinterpret_cast<const cuda::AttnRow*>(at(ld.attn)), R, H, D, W, L.sink, o, s,
+                         precision_ == cuda::Precision::Fast, kv_format_, q_format_);
   mark("sparse_attention");
   const bool exact = precision_ == cuda::Precision::Exact;
   if (exact) cuda::rope(o, R, H, D, rope, P, a.pos, true, s);  // fast: inside wo_a's quantisation

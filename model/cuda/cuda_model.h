@@ -117,6 +117,7 @@ class CudaModel {
   cuda::Precision precision_;
   cuda::KeyFormat index_keys_ = cuda::KeyFormat::F32;
   cuda::KeyFormat kv_format_ = cuda::KeyFormat::F32;
+  cuda::KeyFormat q_format_ = cuda::KeyFormat::F32;  // q as attention reads it (BF16 only with bf16 keys)
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<cuda::FastLinear> fast_;
   std::unique_ptr<cuda::FastLinear> side_fast_[Branches::kSides];

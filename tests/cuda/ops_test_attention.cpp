@@ -9,6 +9,7 @@
 
 #include "backend/cpu/linear.h"
 #include "backend/cuda/ops.h"
+#include "core/error.h"
 #include "model/attention.h"
 #include "tests/cuda/ops_test_util.h"
 
@@ -47,7 +48,9 @@ void run_case(Kind kind, int64_t R, int64_t p0, int64_t H, int64_t D, int64_t W,
   const std::vector<float> chunk_ref = path == Path::FastBf16 ? test::bf16_round(chunk) : chunk,
                            ring_ref = path == Path::FastBf16 ? test::bf16_round(ring) : ring,
                            entries_ref = path == Path::FastBf16 ? test::bf16_round(entries) : entries;
-  DeviceBuffer dq = to_device(q), dchunk = keys_of(chunk), dring = keys_of(ring), dent = keys_of(entries),
+  // FastBf16 passes q as bf16 too (the model's form; the kernels round fp32 q to the same values).
+  DeviceBuffer dq = path == Path::FastBf16 ? to_device(bf16_bits(q)) : to_device(q), dchunk = keys_of(chunk),
+               dring = keys_of(ring), dent = keys_of(entries),
                dsink = to_device(sink), dsel = to_device(sel), dout = poisoned<float>(R * H * D);
   std::vector<cuda::AttnRow> rows;
   std::vector<float> ref(R * H * D);
@@ -74,7 +77,8 @@ void run_case(Kind kind, int64_t R, int64_t p0, int64_t H, int64_t D, int64_t W,
   }
   DeviceBuffer drows = to_device(rows);
   cuda::sparse_attention(dq.as<float>(), drows.as<cuda::AttnRow>(), R, H, D, W, dsink.as<float>(), dout.as<float>(),
-                         nullptr, path != Path::Exact, path == Path::FastBf16 ? cuda::KeyFormat::BF16 : cuda::KeyFormat::F32);
+                         nullptr, path != Path::Exact, path == Path::FastBf16 ? cuda::KeyFormat::BF16 : cuda::KeyFormat::F32,
+                         path == Path::FastBf16 ? cuda::KeyFormat::BF16 : cuda::KeyFormat::F32);
   const double err = rel_error(to_host<float>(dout, ref.size()), ref);
   if (path == Path::FastMma || path == Path::FastBf16) {
     std::printf("  fast attention%s R=%lld H=%lld: rel error %.2e\n", path == Path::FastBf16 ? " (bf16 keys)" : "",
@@ -106,17 +110,21 @@ TEST(CudaOpsAttention, SwaPrefixFromZero) {
 // The Fast tensor-core kernel (H % 64 == 0, D 512): split keys at decode sizes (up to 32 splits:
 // some hold fewer than a 32-key tile, some none), one CTA per row at prefill sizes, two head
 // groups; a single row with the window alone (most splits empty) and with a long HCA list.
+void run_tensor_core_shapes(Path path) {
+  run_case(Kind::CSA, 1, 5000, 64, 512, 128, 3000, 512, path);
+  run_case(Kind::SWA, 1, 5000, 64, 512, 128, 0, 0, path);
+  run_case(Kind::HCA, 1, 5000, 64, 512, 128, 3000, 0, path);
+  run_case(Kind::CSA, 2, 5000, 64, 512, 128, 3000, 512, path);
+  run_case(Kind::CSA, 40, 200, 64, 512, 128, 800, 512, path);
+  run_case(Kind::HCA, 3, 70, 64, 512, 128, 300, 0, path);
+  run_case(Kind::SWA, 37, 0, 64, 512, 128, 0, 0, path);
+  run_case(Kind::CSA, 300, 1000, 64, 512, 128, 900, 512, path);
+  run_case(Kind::CSA, 2, 600, 128, 512, 128, 700, 512, path);
+  run_case(Kind::CSA, 24, 900, 64, 512, 128, 1000, 512, path);  // split rows merged four columns per thread
+}
 TEST(CudaOpsAttention, FastTensorCoreDecodeAndPrefill) {
   DSV4_REQUIRE_GPU();
-  run_case(Kind::CSA, 1, 5000, 64, 512, 128, 3000, 512, Path::FastMma);
-  run_case(Kind::SWA, 1, 5000, 64, 512, 128, 0, 0, Path::FastMma);
-  run_case(Kind::HCA, 1, 5000, 64, 512, 128, 3000, 0, Path::FastMma);
-  run_case(Kind::CSA, 2, 5000, 64, 512, 128, 3000, 512, Path::FastMma);
-  run_case(Kind::CSA, 40, 200, 64, 512, 128, 800, 512, Path::FastMma);
-  run_case(Kind::HCA, 3, 70, 64, 512, 128, 300, 0, Path::FastMma);
-  run_case(Kind::SWA, 37, 0, 64, 512, 128, 0, 0, Path::FastMma);
-  run_case(Kind::CSA, 300, 1000, 64, 512, 128, 900, 512, Path::FastMma);
-  run_case(Kind::CSA, 2, 600, 128, 512, 128, 700, 512, Path::FastMma);
+  run_tensor_core_shapes(Path::FastMma);
 }
 // Shapes the tensor-core kernel does not take run the fp32 kernel in Fast precision too.
 TEST(CudaOpsAttention, FastFallsBackToFp32ForOtherShapes) {
@@ -187,6 +195,17 @@ void run_bf16_keys_case(Kind kind, int64_t R, int64_t p0, int64_t H, int64_t n_e
   const double err = rel_error(to_host<float>(ow, R * H * D), want);
   std::printf("  bf16 keys R=%lld H=%lld: wgmma vs mma.sync rel error %.2e\n", (long long)R, (long long)H, err);
   EXPECT_LE(err, 2e-3);
+  // q stored as bf16 (the values both kernels round fp32 q to): the same outputs bit for bit.
+  DeviceBuffer dq16 = to_device(bf16_bits(q)), owq = poisoned<float>(R * H * D), omq = poisoned<float>(R * H * D);
+  cuda::sparse_attention(dq16.as<float>(), rows16.as<cuda::AttnRow>(), R, H, D, W, dsink.as<float>(), owq.as<float>(),
+                         nullptr, true, cuda::KeyFormat::BF16, cuda::KeyFormat::BF16);
+  cuda::set_attention_wgmma(false);
+  cuda::sparse_attention(dq16.as<float>(), rows16.as<cuda::AttnRow>(), R, H, D, W, dsink.as<float>(), omq.as<float>(),
+                         nullptr, true, cuda::KeyFormat::BF16, cuda::KeyFormat::BF16);
+  cuda::set_attention_wgmma(true);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_EQ(to_host<float>(owq, R * H * D), to_host<float>(ow, R * H * D)) << "wgmma: bf16 q differs from fp32 q";
+  EXPECT_EQ(to_host<float>(omq, R * H * D), want) << "mma.sync: bf16 q differs from fp32 q";
 }
 
 // The bf16-key kernels against the CPU formula on the same (rounded) keys: decode splits, a
@@ -194,15 +213,7 @@ void run_bf16_keys_case(Kind kind, int64_t R, int64_t p0, int64_t H, int64_t n_e
 TEST(CudaOpsAttention, FastBf16KeysMatchTheFormula) {
   DSV4_REQUIRE_GPU();
   std::printf("  warpgroup-MMA attention kernel: %s\n", cuda::wgmma_available() ? "yes" : "no (mma.sync)");
-  run_case(Kind::CSA, 1, 5000, 64, 512, 128, 3000, 512, Path::FastBf16);
-  run_case(Kind::SWA, 1, 5000, 64, 512, 128, 0, 0, Path::FastBf16);
-  run_case(Kind::HCA, 1, 5000, 64, 512, 128, 3000, 0, Path::FastBf16);
-  run_case(Kind::HCA, 3, 70, 64, 512, 128, 300, 0, Path::FastBf16);
-  run_case(Kind::CSA, 40, 200, 64, 512, 128, 800, 512, Path::FastBf16);
-  run_case(Kind::SWA, 37, 0, 64, 512, 128, 0, 0, Path::FastBf16);
-  run_case(Kind::CSA, 300, 1000, 64, 512, 128, 900, 512, Path::FastBf16);
-  run_case(Kind::CSA, 2, 600, 128, 512, 128, 700, 512, Path::FastBf16);
-  run_case(Kind::CSA, 24, 900, 64, 512, 128, 1000, 512, Path::FastBf16);
+  run_tensor_core_shapes(Path::FastBf16);
 }
 TEST(CudaOpsAttention, Bf16KeysGiveBitwiseSameOutputs) {
   DSV4_REQUIRE_GPU();
@@ -214,6 +225,10 @@ TEST(CudaOpsAttention, Bf16KeysGiveBitwiseSameOutputs) {
   run_bf16_keys_case(Kind::CSA, 2, 600, 128, 700);    // two head groups
   EXPECT_FALSE(cuda::attention_bf16_keys_ok(32, 512));
   EXPECT_FALSE(cuda::attention_bf16_keys_ok(64, 256));
+  // bf16 q is only the tensor-core kernels' form, with bf16 keys.
+  EXPECT_THROW(cuda::sparse_attention(nullptr, nullptr, 1, 64, 512, 128, nullptr, nullptr, nullptr, true,
+                                      cuda::KeyFormat::F32, cuda::KeyFormat::BF16),
+               dsv4::Error);
 }
 
 TEST(CudaOpsAttention, TinyModelShapes) {
