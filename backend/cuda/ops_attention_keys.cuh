@@ -6,7 +6,9 @@
 #include <cmath>
 #include <cstdint>
 
+#include "backend/cuda/check.h"
 #include "backend/cuda/ops.h"
+#include "backend/cuda/ops_common.cuh"
 
 namespace dsv4::cuda::detail {
 
@@ -55,6 +57,23 @@ __device__ __forceinline__ void mark_empty_split(float2* ml, int64_t r, int64_t 
 constexpr int kAttnMmaHeads = 64;
 constexpr int kAttnMmaDim = 512;
 inline bool attention_mma_ok(int64_t H, int64_t D) { return H % kAttnMmaHeads == 0 && D == kAttnMmaDim; }
+// Launches a tensor-core attention kernel (the signature below) over row ranges of <= 65535 rows:
+// grid (H / 64, rows, nsplit); q_row: float slots per q row (D, or D / 2 for bf16 q).
+template <typename Kernel>
+void launch_attention_rows(Kernel kernel, int threads, size_t smem, const float* q, int64_t q_row, const AttnRow* rows,
+                           int64_t R, int64_t H, int64_t W, const float* sink, float scale, int nsplit, float* o,
+                           float* partial, float2* ml, cudaStream_t s) {
+  DSV4_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  for_row_ranges(R, [&](int64_t r0, int64_t n) {
+    const dim3 grid(static_cast<unsigned>(H / kAttnMmaHeads), static_cast<unsigned>(n), static_cast<unsigned>(nsplit));
+    const int64_t slots = r0 * H * nsplit;  // partial / ml slots of the rows before r0
+    kernel<<<grid, threads, smem, s>>>(q + r0 * H * q_row, rows + r0, H, W, sink, scale, nsplit,
+                                       o + r0 * H * kAttnMmaDim, partial ? partial + slots * kAttnMmaDim : nullptr,
+                                       ml ? ml + slots : nullptr);
+    DSV4_CUDA_LAUNCH_CHECK();
+  });
+}
+
 // bf16_keys: the rows' keys are stored as bf16 (cuda::KeyFormat::BF16), D / 2 float slots each;
 // bf16_q (with bf16_keys): q too.
 void attention_mma(const float* q, const AttnRow* rows, int64_t R, int64_t H, int64_t W, const float* sink, float scale,

@@ -331,15 +331,8 @@ void attention_mma(const float* q, const AttnRow* rows, int64_t R, int64_t H, in
   auto* kernel = bf16_q      ? attention_mma_kernel<true, true>
                  : bf16_keys ? attention_mma_kernel<true, false>
                              : attention_mma_kernel<false, false>;
-  const int64_t q_row = bf16_q ? kD / 2 : kD;  // float slots per q row
-  DSV4_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  for_row_ranges(R, [&](int64_t r0, int64_t n) {
-    const dim3 grid(static_cast<unsigned>(H / kH), static_cast<unsigned>(n), static_cast<unsigned>(nsplit));
-    const int64_t slots = r0 * H * nsplit;  // partial / ml slots of the rows before r0
-    kernel<<<grid, kThreads, smem, s>>>(q + r0 * H * q_row, rows + r0, H, W, sink, scale, nsplit, o + r0 * H * kD,
-                                        partial ? partial + slots * kD : nullptr, ml ? ml + slots : nullptr);
-    DSV4_CUDA_LAUNCH_CHECK();
-  });
+  launch_attention_rows(kernel, kThreads, smem, q, bf16_q ? kD / 2 : kD, rows, R, H, W, sink, scale, nsplit, o, partial,
+                        ml, s);
 }
 
 }  // namespace dsv4::cuda::detail

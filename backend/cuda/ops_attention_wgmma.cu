@@ -342,16 +342,8 @@ void attention_wgmma(const float* q, const AttnRow* rows, int64_t R, int64_t H, 
   DSV4_CHECK(attention_wgmma_ok(H, kD), "attention_wgmma: needs H % 64 == 0, D == 512, an sm_90 device and an "
                                         "arch-90a build");
   const size_t smem = 1024 + sizeof(Smem);  // + the alignment of the swizzle atoms
-  auto* kernel = bf16_q ? attention_wgmma_kernel<true> : attention_wgmma_kernel<false>;
-  DSV4_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  const int64_t q_row = bf16_q ? kD / 2 : kD;  // float slots per q row
-  for_row_ranges(R, [&](int64_t r0, int64_t n) {
-    const dim3 grid(static_cast<unsigned>(H / kH), static_cast<unsigned>(n), static_cast<unsigned>(nsplit));
-    const int64_t slots = r0 * H * nsplit;  // partial / ml slots of the rows before r0
-    kernel<<<grid, kThreads, smem, s>>>(q + r0 * H * q_row, rows + r0, H, W, sink, scale, nsplit, o + r0 * H * kD,
-                                        partial ? partial + slots * kD : nullptr, ml ? ml + slots : nullptr);
-    DSV4_CUDA_LAUNCH_CHECK();
-  });
+  launch_attention_rows(bf16_q ? attention_wgmma_kernel<true> : attention_wgmma_kernel<false>, kThreads, smem, q,
+                        bf16_q ? kD / 2 : kD, rows, R, H, W, sink, scale, nsplit, o, partial, ml, s);
 }
 
 }  // namespace dsv4::cuda::detail
