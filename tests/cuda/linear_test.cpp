@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <string>
 
 #include "backend/cpu/linear.h"
 #include "backend/cpu/ops.h"
@@ -309,6 +310,42 @@ TEST(CudaLinear, Fp8GroupedGemmMatchesCpuAndCublasLt) {
       // FP8 products are exact; the tensor core's sums of 32 (and of each 128-block) are not fp32's.
       EXPECT_LE(rel_error(own, ref), 1e-3);
       EXPECT_LE(rel_error(own, lt), 1e-2);  // cuBLASLt may only offer bf16 outputs (fp8_gemm)
+    }
+}
+
+// The fused inverse RoPE + FP8 quantisation against its unfused GPU twin (rope() per row, then
+// act_quant_fp8) bit for bit — x, codes and scales — in its four forms: the row's angle table
+// (a row's 128-blocks a multiple of 8) or angles per lane, a float4 per lane (whole blocks,
+// aligned rows) or one channel per lane. V4's shape (64 heads of 512) takes table + float4.
+TEST(CudaLinear, InverseRopeQuantMatchesRopeThenQuant) {
+  DSV4_REQUIRE_GPU();
+  struct Shape {
+    int64_t in, ldx, head, pairs;
+    const char* form;
+  };
+  for (const Shape& c : {Shape{32768, 32768, 512, 32, "table, float4"}, Shape{1536, 1536, 128, 32, "per lane, float4"},
+                         Shape{1024, 1025, 128, 16, "table, one channel"}, Shape{800, 800, 40, 8, "per lane, one channel"}})
+    for (int64_t rows : {1, 5, 64}) {
+      SCOPED_TRACE(std::string(c.form) + " in=" + std::to_string(c.in) + " rows=" + std::to_string(rows));
+      const std::vector<float> x = randn(static_cast<size_t>(rows * c.ldx), 2.0f), f = inv_freqs(c.pairs);
+      const std::vector<int64_t> pos = rand_positions(static_cast<size_t>(rows), 1 << 20);
+      cuda::DeviceBuffer df = cuda::to_device(f), dp = cuda::to_device(pos);
+      const int64_t kb = (c.in + 127) / 128, ldq = c.in;
+      // Unfused: rope() row by row (rows are ldx apart), then the plain quantisation.
+      cuda::DeviceBuffer x0 = cuda::to_device(x), q0 = poisoned<uint8_t>(rows * ldq), s0 = poisoned<float>(rows * kb);
+      for (int64_t r = 0; r < rows; ++r)
+        cuda::rope(x0.as<float>() + r * c.ldx, 1, c.in / c.head, c.head, df.as<float>(), c.pairs, dp.as<int64_t>() + r,
+                   true, nullptr);
+      cuda::act_quant_fp8(x0.as<float>(), rows, c.in, c.ldx, rows, q0.as<uint8_t>(), ldq, s0.as<float>(), nullptr);
+      // Fused.
+      cuda::DeviceBuffer x1 = cuda::to_device(x), q1 = poisoned<uint8_t>(rows * ldq), s1 = poisoned<float>(rows * kb);
+      cuda::act_quant_fp8_inverse_rope(x1.as<float>(), rows, c.in, c.ldx,
+                                       cuda::InverseRope{df.as<float>(), c.pairs, dp.as<int64_t>(), c.head},
+                                       q1.as<uint8_t>(), ldq, s1.as<float>(), nullptr);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      EXPECT_EQ(cuda::to_host<float>(x1, rows * c.ldx), cuda::to_host<float>(x0, rows * c.ldx)) << "x";
+      EXPECT_EQ(cuda::to_host<uint8_t>(q1, rows * ldq), cuda::to_host<uint8_t>(q0, rows * ldq)) << "codes";
+      EXPECT_EQ(cuda::to_host<float>(s1, rows * kb), cuda::to_host<float>(s0, rows * kb)) << "scales";
     }
 }
 
