@@ -400,9 +400,12 @@ TEST(CudaMoe, WgmmaTilesMatchNarrowTiles) {
                   "%.2e), %zu differ\n", mode == 3 ? 128 : 64, mode == 4 ? "fp8" : "bf16", (long long)d, (long long)I,
                   (long long)R, vs_narrow, vs_cpu, narrow_cpu, diff);
       EXPECT_EQ(bad, 0u) << "d=" << d << " R=" << R << ": unwritten or non-finite outputs";
-      // bf16: fp32 sums in another order, ~1e-7 (2026-12-04). FP8: the tensor core's group sums and
-      // the FP8 re-rounding of h, ~1e-3 (as the FP8 decode tiles). One misplaced row or K chunk is O(1).
-      EXPECT_LE(vs_narrow, mode == 4 ? 1e-2 : 1e-4) << "d=" << d << " I=" << I << " R=" << R << " mode " << mode;
+      // bf16: fp32 sums in another order, ~1e-7 (2026-12-04), but now and then an h element whose
+      // sum lands on the other side of a bf16 rounding edge than the 8-token kernels' (one large
+      // |h| moved by one bf16 step: 1.2e-4 in one run of fresh inputs, 2026-12-06; the 8-token
+      // kernels show the same against the CPU, 1.7e-5). FP8: the tensor core's group sums and the
+      // FP8 re-rounding of h, ~1e-3 (as the FP8 decode tiles). One misplaced row or K chunk is O(1).
+      EXPECT_LE(vs_narrow, mode == 4 ? 1e-2 : 1e-3) << "d=" << d << " I=" << I << " R=" << R << " mode " << mode;
       EXPECT_LE(vs_cpu, std::max(1e-2, 2 * narrow_cpu)) << "d=" << d << " I=" << I << " R=" << R;
       EXPECT_GT(diff, 0u) << "d=" << d << " R=" << R << ": wgmma output bitwise equal to the 8-token kernels";
       }
