@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "backend/cuda/ops_common.cuh"
+#include "backend/cuda/pdl.cuh"
 
 namespace dsv4::cuda::mhc {
 
@@ -69,6 +70,14 @@ __device__ __forceinline__ void project_slice(const float* fn, const float* X, i
     for (int w = 0; w < kProjThreads / 32; ++w) v += red[w][rr][o];
     stash[(r0 + rr) * ld + ks * (n_out + 1) + (o == MAXO ? n_out : o)] = v;
   }
+}
+
+// Asks L2 for slice ks of every projection row (thread o < n_out: row o): what project_slice
+// reads of fn, so that a kernel launched as a dependent (pdl.cuh) fetches it before its wait.
+__device__ __forceinline__ void prefetch_fn_slice(const float* fn, int64_t nd, int n_out, int64_t slice4, int ks) {
+  const int64_t b = ks * slice4, e = std::min(nd / 4, b + slice4);
+  const int o = threadIdx.x;
+  if (o < n_out && e > b) detail::prefetch_l2_span(fn + o * nd + 4 * b, static_cast<uint32_t>(16 * (e - b)));
 }
 
 // Reduces the slices of the stash into mu[0..n_out]: warp w takes outputs w, w + 8, ..., its

@@ -17,6 +17,7 @@
 #include "backend/cuda/ops.h"
 #include "backend/cuda/mhc_common.cuh"
 #include "backend/cuda/ops_mhc_decode.h"
+#include "backend/cuda/pdl.cuh"
 #include "backend/cuda/ops_common.cuh"
 
 namespace dsv4::cuda {
@@ -43,6 +44,9 @@ template <int MAXO, int kProjRows>
 __global__ void __launch_bounds__(kProjThreads)
     hc_project_kernel(const float* fn, const float* X, int64_t R, int64_t nd, int n_out, int64_t slice4, float* stash,
                       int64_t ld) {
+  // A dependent of hc_post (pdl.cuh): until the wait, only fn (its first row block asks L2 for it).
+  if (blockIdx.x == 0) mhc::prefetch_fn_slice(fn, nd, n_out, slice4, static_cast<int>(blockIdx.y));
+  detail::pdl_wait();
   mhc::project_slice<MAXO, kProjRows>(fn, X, R, nd, n_out, slice4, stash, ld, blockIdx.x * int64_t(kProjRows),
                                       static_cast<int>(blockIdx.y));
 }
@@ -227,6 +231,7 @@ __global__ void hc_head_finish_kernel(const float* X, const float* stash, int64_
 template <int MAXN>
 __global__ void hc_post_kernel(const float* post, const float* comb, const float* F, const float* F2, float* X, int n,
                                int64_t d4) {
+  detail::pdl_trigger();  // the decode hc_pre after it may start its weight prefetch (pdl.cuh)
   const int64_t r = blockIdx.y, c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (c >= d4) return;
   float4* X4 = reinterpret_cast<float4*>(X) + r * n * d4;
@@ -300,12 +305,15 @@ int project(const float* fn, const float* X, int64_t R, int64_t n, int64_t d, in
   const dim3 grid(static_cast<unsigned>(row_blocks), static_cast<unsigned>(ks));
   auto launch = [&](auto rows_tag) {
     constexpr int RB = decltype(rows_tag)::value;
+    auto go = [&](auto kernel) {
+      detail::launch_dependent(kernel, grid, dim3(kProjThreads), 0, s, fn, X, R, n * d, n_out, slice4, stash, d);
+    };
     if (n_out <= 4)
-      hc_project_kernel<4, RB><<<grid, kProjThreads, 0, s>>>(fn, X, R, n * d, n_out, slice4, stash, d);
+      go(hc_project_kernel<4, RB>);
     else if (n_out <= 8)
-      hc_project_kernel<8, RB><<<grid, kProjThreads, 0, s>>>(fn, X, R, n * d, n_out, slice4, stash, d);
+      go(hc_project_kernel<8, RB>);
     else
-      hc_project_kernel<24, RB><<<grid, kProjThreads, 0, s>>>(fn, X, R, n * d, n_out, slice4, stash, d);
+      go(hc_project_kernel<24, RB>);
   };
   if (rows_per_block == 1)
     launch(std::integral_constant<int, 1>{});

@@ -98,6 +98,16 @@ __global__ void __launch_bounds__(kProjThreads) hc_pre_decode_kernel(DecodeArgs 
     }
   };
   mark(0);
+  // Launched as a dependent of hc_post (pdl.cuh): until the wait, only weights. Blocks of row 0
+  // ask L2 for their projection slice of every output (the slice's one DRAM round trip was most
+  // of the projection phase), every mixing block for its slice of the norm weight.
+  if (j < a.ks) {
+    if (r == 0) mhc::prefetch_fn_slice(a.p.fn, nd, n_out, a.slice4, j);
+    const int64_t m0 = std::min(d4, j * a.per4);
+    if (a.norm_w && threadIdx.x == kProjThreads - 1 && m0 < d4)
+      detail::prefetch_l2_span(a.norm_w + 4 * m0, static_cast<uint32_t>(16 * (std::min(d4, m0 + a.per4) - m0)));
+  }
+  detail::pdl_wait();
   if (j < a.ks) mhc::project_slice<(2 + kMaxN) * kMaxN, 1>(a.p.fn, a.X, R, nd, n_out, a.slice4, a.stash, d, r, j);
   mark(1);
   grid_sync(a.bar, static_cast<unsigned>(R * (a.ks + (kGates ? 1 : 0))));
@@ -207,7 +217,7 @@ bool hc_pre_decode(const HcParams& p, const float* X, int64_t R, int64_t n, int6
   a.u = u;
   const dim3 grid(static_cast<unsigned>(R), static_cast<unsigned>(ks + (gates ? 1 : 0)));
   a.trace = g_trace;
-  auto go = [&](auto kernel) { kernel<<<grid, kProjThreads, 0, s>>>(a); };
+  auto go = [&](auto kernel) { launch_dependent(kernel, grid, dim3(kProjThreads), 0, s, a); };
   if (g_trace)
     gates ? go(hc_pre_decode_kernel<true, true>) : go(hc_pre_decode_kernel<false, true>);
   else

@@ -8,7 +8,9 @@
 // began. The activation quantisation kernels (launched normally, so they begin after everything
 // before them completed) and the FP8 GEMV trigger; a GEMV after a GEMV (several weights on one
 // quantised input) prefetches only weights before its wait, and its wait covers the first
-// GEMV's completion, which covered the quantisation's. Every other kernel keeps the plain full
+// GEMV's completion, which covered the quantisation's. hc_post (launched normally) triggers too:
+// hc_pre's projection after it (the one-launch decode form, and the split-K kernel below 256
+// rows) asks L2 for its weights before its wait. Every other kernel keeps the plain full
 // dependency.
 #pragma once
 #include <cuda_runtime.h>
@@ -35,6 +37,14 @@ __device__ __forceinline__ void pdl_trigger() {
 #endif
 }
 
+// Asks L2 for bytes [p, p + n) from the calling thread (p and n multiples of 16). Nothing waits
+// for it; the later loads find the lines in L2.
+__device__ __forceinline__ void prefetch_l2_span(const void* p, uint32_t n) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (n > 0) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(n) : "memory");
+#endif
+}
+
 // Asks L2 for bytes [p, p + n): one bulk prefetch per warp of the block, on its share of the
 // range widened to 16-byte bounds (inside the same 256-byte allocation granule). Nothing waits
 // for it; the later loads find the lines in L2.
@@ -46,8 +56,7 @@ __device__ __forceinline__ void prefetch_l2(const void* p, int64_t n) {
   const int64_t share = (bytes / warps + 15) / 16 * 16, b = warp * share;
   const int64_t len = bytes - b < share ? bytes - b : share;
   if ((threadIdx.x & 31) == 0 && n > 0 && len > 0)
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(lo + b), "r"(static_cast<uint32_t>(len))
-                 : "memory");
+    prefetch_l2_span(reinterpret_cast<const void*>(lo + b), static_cast<uint32_t>(len));
 #endif
 }
 
