@@ -166,6 +166,16 @@ void bench_hc() {
     });
     report("hc_pre", R, "n 4, d 4096", us, (double(R) * n * d + n_out * n * d + R * d) * 4,
            2.0 * R * n * d * (n_out + 1 + n));
+    if (R >= 256) {  // the tiled projection's fp32 FMA form against its split-TF32 default
+      dsv4::cuda::set_hc_project_tf32(false);
+      us = median_us([&] {
+        hc_pre(p, X.as<float>(), R, n, d, 20, 1e-6f, 1e-6f, pre.as<float>(), post.as<float>(), comb.as<float>(),
+               u.as<float>(), nullptr);
+      });
+      dsv4::cuda::set_hc_project_tf32(true);
+      report("  (fp32 FMA tiles)", R, "n 4, d 4096", us, (double(R) * n * d + n_out * n * d + R * d) * 4,
+             2.0 * R * n * d * (n_out + 1 + n));
+    }
     // With the sub-layer norm (the model's call): one launch up to 4 rows, against the split-K
     // projection + finish + rms_norm it replaces.
     for (bool fused : {true, false}) {

@@ -56,6 +56,9 @@ void hc_post(const float* post, const float* comb, const float* F, float* X, int
 // h [R, d] = Σ_i (σ(scale·μ_i + base_i) + hc_eps) X_i.
 void hc_head(const HcParams& p, const float* X, int64_t R, int64_t n, int64_t d, float hc_eps, float rms_eps, float* h,
              cudaStream_t s);
+// false: the projection's 256-row tiles run on fp32 FMAs instead of the split-TF32 tensor cores
+// (A/B runs and tests; DSV4_HC_TF32=0 at start-up does the same).
+void set_hc_project_tf32(bool on);
 
 // ---- rings and compressor (model/compressor.cpp is the twin) ---------------------------------
 

@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <type_traits>
 
 #include "backend/cuda/check.h"
@@ -68,7 +69,26 @@ struct TileSmem {
   float f[kTileStages][kTileGroups * TO][kTilePitch];
 };
 
-template <int TO>
+// The TF32 form (kTF32, TO = 3: 24 outputs): the same tiles on the tensor cores, mma.m16n8k8
+// with each fp32 operand split into a TF32 high part and a TF32 remainder and the three larger
+// products summed (hi·hi + hi·lo + lo·hi: ~fp32 accuracy; plain TF32 would be ~1e-3 off in mu).
+// Warp w takes rows 16w..16w+15 and all 24 outputs (three n8 tiles). The FMA form issues ~80
+// warp instructions per 4 columns of 16 rows (ncu at 256 rows: SM 50%, DRAM 31%), this ~30;
+// different fp32 sum order, so not the FMA form's bits.
+__device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(hi) : "f"(x));
+  const float rest = x - __uint_as_float(hi);
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(lo) : "f"(rest));
+}
+
+__device__ __forceinline__ void mma_tf32(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%0,%1,%2,%3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <int TO, bool kTF32>
 __global__ void __launch_bounds__(256, 2)  // 3 per SM spills at TO = 3 (and 4 stages fit 2)
     hc_project_tiled_kernel(const float* __restrict__ fn, const float* __restrict__ X, int64_t R, int64_t nd,
                             int n_out, int64_t slice, float* __restrict__ stash, int64_t ld) {
@@ -91,8 +111,13 @@ __global__ void __launch_bounds__(256, 2)  // 3 per SM spills at TO = 3 (and 4 s
       cp_async16(&S.f[buf][o][4 * c4], fn + std::min(o, n_out - 1) * nd + k0 + 4 * c4);
     }
   };
+  static_assert(!kTF32 || TO == 3, "the TF32 form takes all 24 outputs");
   const int og = tid & (kTileGroups - 1), rt = tid / kTileGroups;  // a warp: 4 row threads x 8 groups
   float acc[4][TO] = {}, ss[4] = {};
+  // TF32 form: lane (g, q) = (lane / 4, lane % 4) holds rows ra and ra + 8 of the warp's 16, output
+  // columns 8 nb + 2q, 8 nb + 2q + 1 of n tile nb (the m16n8 C fragment); ss2: its rows' partial Σ x².
+  const int g = (tid & 31) >> 2, q = tid & 3, ra = (tid >> 5) * 16 + g;
+  float cacc[3][4] = {}, ss2[2] = {};
   // One commit group per tile (empty past the end), so that tile t is complete once at most
   // kTileStages - 2 newer groups are pending.
 #pragma unroll
@@ -107,31 +132,74 @@ __global__ void __launch_bounds__(256, 2)  // 3 per SM spills at TO = 3 (and 4 s
     if (tn < nt) load(tn % kTileStages, kb + tn * int64_t(kTileK));
     cp_async_commit();
     const int b = t % kTileStages;
+    if constexpr (kTF32) {
 #pragma unroll
-    for (int k = 0; k < kTileK; k += 4) {
-      float4 xv[4], fv[TO];
+      for (int k = 0; k < kTileK; k += 8) {
+        // A fragment: (ra, k+q), (ra+8, k+q), (ra, k+q+4), (ra+8, k+q+4); rows 36 floats apart
+        // put the 32 lanes on 32 banks (and the same for B's outputs).
+        const float x[4] = {S.x[b][ra][k + q], S.x[b][ra + 8][k + q], S.x[b][ra][k + q + 4], S.x[b][ra + 8][k + q + 4]};
+        ss2[0] += x[0] * x[0] + x[2] * x[2];
+        ss2[1] += x[1] * x[1] + x[3] * x[3];
+        uint32_t ah[4], al[4];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) xv[i] = *reinterpret_cast<const float4*>(&S.x[b][rt + kTileRowThreads * i][k]);
+        for (int e = 0; e < 4; ++e) split_tf32(x[e], ah[e], al[e]);
 #pragma unroll
-      for (int o = 0; o < TO; ++o) fv[o] = *reinterpret_cast<const float4*>(&S.f[b][og * TO + o][k]);
+        for (int nb = 0; nb < 3; ++nb) {
+          uint32_t bh0, bl0, bh1, bl1;
+          split_tf32(S.f[b][8 * nb + g][k + q], bh0, bl0);
+          split_tf32(S.f[b][8 * nb + g][k + q + 4], bh1, bl1);
+          mma_tf32(cacc[nb], al, bh0, bh1);  // the small products first
+          mma_tf32(cacc[nb], ah, bl0, bl1);
+          mma_tf32(cacc[nb], ah, bh0, bh1);
+        }
+      }
+    } else {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        if (og == 0) ss[i] += xv[i].x * xv[i].x + xv[i].y * xv[i].y + xv[i].z * xv[i].z + xv[i].w * xv[i].w;
+      for (int k = 0; k < kTileK; k += 4) {
+        float4 xv[4], fv[TO];
 #pragma unroll
-        for (int o = 0; o < TO; ++o)
-          acc[i][o] += fv[o].x * xv[i].x + fv[o].y * xv[i].y + fv[o].z * xv[i].z + fv[o].w * xv[i].w;
+        for (int i = 0; i < 4; ++i) xv[i] = *reinterpret_cast<const float4*>(&S.x[b][rt + kTileRowThreads * i][k]);
+#pragma unroll
+        for (int o = 0; o < TO; ++o) fv[o] = *reinterpret_cast<const float4*>(&S.f[b][og * TO + o][k]);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          if (og == 0) ss[i] += xv[i].x * xv[i].x + xv[i].y * xv[i].y + xv[i].z * xv[i].z + xv[i].w * xv[i].w;
+#pragma unroll
+          for (int o = 0; o < TO; ++o)
+            acc[i][o] += fv[o].x * xv[i].x + fv[o].y * xv[i].y + fv[o].z * xv[i].z + fv[o].w * xv[i].w;
+        }
       }
     }
   }
+  if constexpr (kTF32) {
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int64_t r = r0 + rt + kTileRowThreads * i;
-    if (r >= R) continue;
-    float* dst = stash + r * ld + ks * (n_out + 1);
+    for (int e = 0; e < 2; ++e) {
+      // The row's Σ x² over the four lanes of its quad (each summed a quarter of the columns).
+      ss2[e] += __shfl_xor_sync(0xFFFFFFFFu, ss2[e], 1);
+      ss2[e] += __shfl_xor_sync(0xFFFFFFFFu, ss2[e], 2);
+      const int64_t r = r0 + ra + 8 * e;
+      if (r >= R) continue;
+      float* dst = stash + r * ld;
 #pragma unroll
-    for (int o = 0; o < TO; ++o)
-      if (og * TO + o < n_out) dst[og * TO + o] = acc[i][o];
-    if (og == 0) dst[n_out] = ss[i];
+      for (int nb = 0; nb < 3; ++nb)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int o = 8 * nb + 2 * q + h;
+          if (o < n_out) dst[ks * (n_out + 1) + o] = cacc[nb][2 * e + h];
+        }
+      if (q == 0) dst[ks * (n_out + 1) + n_out] = ss2[e];
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t r = r0 + rt + kTileRowThreads * i;
+      if (r >= R) continue;
+      float* dst = stash + r * ld;
+#pragma unroll
+      for (int o = 0; o < TO; ++o)
+        if (og * TO + o < n_out) dst[ks * (n_out + 1) + og * TO + o] = acc[i][o];
+      if (og == 0) dst[ks * (n_out + 1) + n_out] = ss[i];
+    }
   }
 }
 
@@ -265,15 +333,15 @@ __global__ void hc_post_kernel(const float* post, const float* comb, const float
 // The tiled projection over (row block, K slice); slices are whole kTileK columns, as many as
 // fill one wave of resident blocks (a second, mostly empty wave doubled the time), and fit the
 // stash row (ks x (n_out + 1) <= d). Returns the slice count.
-template <int TO>
+template <int TO, bool kTF32 = false>
 int project_tiled(const float* fn, const float* X, int64_t R, int64_t nd, int64_t d, int n_out, float* stash,
                   cudaStream_t s) {
   const size_t smem = sizeof(TileSmem<TO>);
-  DSV4_CUDA_CHECK(cudaFuncSetAttribute(hc_project_tiled_kernel<TO>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(smem)));
+  auto* kernel = hc_project_tiled_kernel<TO, kTF32>;
+  DSV4_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   static const int per_sm = [&] {
     int n = 0;
-    DSV4_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, hc_project_tiled_kernel<TO>, 256, smem));
+    DSV4_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, 256, smem));
     return std::max(n, 1);
   }();
   const int64_t row_blocks = ceil_div(R, kTileRows), tiles = nd / kTileK;
@@ -281,11 +349,18 @@ int project_tiled(const float* fn, const float* X, int64_t R, int64_t nd, int64_
   ks = std::min<int64_t>({ks, std::max<int64_t>(1, tiles / 4), std::max<int64_t>(1, d / (n_out + 1))});
   const int64_t slice = ceil_div(tiles, ks) * kTileK;
   ks = ceil_div(nd, slice);
-  hc_project_tiled_kernel<TO><<<dim3(static_cast<unsigned>(row_blocks), static_cast<unsigned>(ks)), 256, smem, s>>>(
-      fn, X, R, nd, n_out, slice, stash, d);
+  kernel<<<dim3(static_cast<unsigned>(row_blocks), static_cast<unsigned>(ks)), 256, smem, s>>>(fn, X, R, nd, n_out,
+                                                                                               slice, stash, d);
   DSV4_CUDA_LAUNCH_CHECK();
   return static_cast<int>(ks);
 }
+
+// The tiled projection's TF32 form for (2+n)n > 8 outputs: on by default, DSV4_HC_TF32=0 starts
+// with the FMA form (A/B), set_hc_project_tf32 switches it.
+bool g_project_tf32 = [] {
+  const char* v = std::getenv("DSV4_HC_TF32");
+  return !(v && v[0] == '0');
+}();
 
 // Launches the split-K projection; returns the number of slices written per row.
 int project(const float* fn, const float* X, int64_t R, int64_t n, int64_t d, int n_out, float* stash,
@@ -294,6 +369,7 @@ int project(const float* fn, const float* X, int64_t R, int64_t n, int64_t d, in
   DSV4_CHECK(d >= n_out + 1, "cuda mHC: d too small for the projection stash");
   if (R >= kTileMinRows && (n * d) % kTileK == 0 && n_out <= kTileGroups * 3) {
     if (n_out <= kTileGroups) return project_tiled<1>(fn, X, R, n * d, d, n_out, stash, s);
+    if (g_project_tf32) return project_tiled<3, true>(fn, X, R, n * d, d, n_out, stash, s);
     return project_tiled<3>(fn, X, R, n * d, d, n_out, stash, s);
   }
   const int rows_per_block = R < 4 ? 1 : 4;
@@ -387,6 +463,8 @@ void hc_pre(const HcParams& p, const float* X, int64_t R, int64_t n, int64_t d, 
   finish(dim3(rows, 1), 0, gates_s);
   finish(dim3(rows, slices), slices, s);
 }
+
+void set_hc_project_tf32(bool on) { g_project_tf32 = on; }
 
 void hc_post(const float* post, const float* comb, const float* F, float* X, int64_t R, int64_t n, int64_t d,
              cudaStream_t s, const float* F2) {

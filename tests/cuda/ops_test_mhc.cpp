@@ -87,6 +87,41 @@ TEST_P(CudaOpsMhc, HcPreMatchesCpu) {
   cudaStreamDestroy(s);
 }
 
+// From 256 rows the projection runs in tiles on split-TF32 tensor cores (hi·hi + hi·lo + lo·hi):
+// against the CPU as tightly as the fp32 FMA form, and not bitwise equal to it (the form ran). The two
+// forms sum K = n·d products in different orders, each ~5e-7 from the CPU at 65540 rows, so they
+// differ by up to ~1e-6 (measured 1.008e-6); one plain TF32 product would be ~1e-3 off.
+TEST_P(CudaOpsMhc, HcPreTf32ProjectionMatchesFmaForm) {
+  DSV4_REQUIRE_GPU();
+  const auto [R, d] = GetParam();
+  if (R < 256) GTEST_SKIP() << "the tiled projection starts at 256 rows";
+  const int64_t n = 4, n_out = (2 + n) * n;
+  const ModelConfig cfg = hc_config(n, d);
+  const HcWeights w = hc_weights(n_out, n * d, 5);
+  const std::vector<float> X = randn(R * n * d, 2.0f);
+  HcMix mix;
+  std::vector<float> u(R * d);
+  hc_pre(w, cfg, X.data(), R, mix, u.data());
+  DevHc dw(w);
+  DeviceBuffer dX = to_device(X);
+  std::vector<float> out[2], pre[2];
+  for (int tf32 = 0; tf32 < 2; ++tf32) {
+    DeviceBuffer dpre = poisoned<float>(R * n), dpost = poisoned<float>(R * n), dcomb = poisoned<float>(R * n * n),
+                 du = poisoned<float>(R * d);
+    cuda::set_hc_project_tf32(tf32 == 1);
+    cuda::hc_pre(dw.p, dX.as<float>(), R, n, d, cfg.hc_sinkhorn_iters, 1e-6f, 1e-6f, dpre.as<float>(),
+                 dpost.as<float>(), dcomb.as<float>(), du.as<float>(), nullptr);
+    out[tf32] = to_host<float>(du, R * d);
+    pre[tf32] = to_host<float>(dpre, R * n);
+    EXPECT_LE(rel_error(pre[tf32], mix.pre), 1e-5) << "tf32 " << tf32;
+    EXPECT_LE(rel_error(to_host<float>(dcomb, R * n * n), mix.comb), 1e-5) << "tf32 " << tf32;
+    EXPECT_LE(rel_error(out[tf32], u), 1e-5) << "tf32 " << tf32;
+  }
+  cuda::set_hc_project_tf32(true);
+  EXPECT_LE(rel_error(out[1], out[0]), 4e-6);
+  EXPECT_NE(out[1], out[0]) << "the TF32 form gave the FMA form's bits: did it run?";
+}
+
 bool hc_pre_decode_applies(int64_t R, int64_t n, int64_t d) { return cuda::detail::hc_pre_decode_slices(R, n, d) > 0; }
 
 // hc_pre with the sub-layer's input norm (one launch at up to 4 rows, ops_mhc_decode.cu; from one
