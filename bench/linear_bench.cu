@@ -306,7 +306,7 @@ void bench_moe() {
       if (dsv4::cuda::moe_wgmma_available()) {
         tiles.push_back({0, 3, 2, 0, 0, " 64-token wgmma tiles"});
         tiles.push_back({0, 3, 3, 0, 0, " 128-token wgmma tiles"});
-        tiles.push_back({0, 3, 4, 0, 0, " 64-token fp8 wgmma tiles"});
+        tiles.push_back({0, 3, 4, 0, 0, " 128-token fp8 wgmma tiles"});
       }
       const std::vector<Variant> variants = !packed ? std::vector<Variant>{all[0]} : R < 256 ? all : tiles;
       for (const Variant& v : variants) {

@@ -325,10 +325,12 @@ void combine(const float* Y, const int32_t* experts, const float* weights, int64
 }
 
 int g_wide_mode = 0;  // set_moe_wide_tiles
-// The by-size rule's wgmma tiles: FP8 (moe_wgmma_fp8_wide.cu) with DSV4_MOE_PREFILL_FP8=1, else bf16.
+// The by-size rule's 128-token wgmma tiles: FP8 (moe_wgmma_fp8_wide.cu: the official W4A8
+// numerics, h re-quantised to FP8) unless DSV4_MOE_PREFILL_FP8=0 (bf16 activations,
+// moe_wgmma.cu); bench/NOTES.md step 15.
 const bool g_prefill_fp8 = [] {
   const char* env = std::getenv("DSV4_MOE_PREFILL_FP8");
-  return env && env[0] == '1';
+  return !(env && env[0] == '0');
 }();
 
 // Wide tiles on wgmma (moe_wgmma.cu) where the device and build have it, unless mode 1 asks
@@ -358,7 +360,6 @@ bool wide_tiles(int64_t pairs, int E) {
 // Tokens per wgmma tile: 128 from an average of kMoeWgmma128MinTokens per expert (bf16 tiles).
 int wgmma_tile_tokens(int64_t pairs, int E) {
   if (g_wide_mode >= 2) return g_wide_mode == 3 ? 128 : 64;
-  if (g_prefill_fp8) return kMoeFp8WideTokens;
   return pairs >= static_cast<int64_t>(kMoeWgmma128MinTokens) * E ? 128 : 64;
 }
 
@@ -536,7 +537,8 @@ void MoeRunner::run(const ExpertSet& set, const float* x, int64_t R, const int32
   }
   const bool wide = mma && tb.packed && wide_tiles(pairs, E);
   const bool wgmma = wide && wgmma_tiles();
-  const bool fp8_wide = wgmma && (g_wide_mode == 4 || (g_wide_mode == 0 && g_prefill_fp8));
+  const bool fp8_wide = wgmma && (g_wide_mode == 4 || (g_wide_mode == 0 && g_prefill_fp8 && I % 64 == 0 &&
+                                                        wgmma_tile_tokens(pairs, E) == 128));
   const bool fp8 = mma && !wide && tb.packed && decode_wgmma(d, I);  // FP8 wgmma 8- / 16-token tiles
   const int T = fp8_wide ? kMoeFp8WideTokens
                 : wgmma ? wgmma_tile_tokens(pairs, E)

@@ -86,8 +86,9 @@ void fp8_decode_down(int tile_tokens, const DevWeight* tab, const MoeTile* tiles
 
 // The FP8 wgmma prefill kernels (moe_wgmma_fp8_wide.cu): tiles of <= kMoeFp8WideTokens tokens on
 // packed weights, the codes of act_quant_fp8_wgmma_b (xq [x_rows, d], xs [d/128][ldxs]; hq
-// [h_rows, I]); each 32-group's products summed by the FP8 tensor core. Need wgmma_available().
-constexpr int kMoeFp8WideTokens = 64;
+// [h_rows, I]); the E8M0 group scales folded into the e4m3 weights, each 128-block's products
+// summed by the FP8 tensor core. Need wgmma_available(), I a multiple of 64, d and I of 128.
+constexpr int kMoeFp8WideTokens = 128;
 void fp8_wide_gateup(const DevWeight* tab, const MoeTile* tiles, const int32_t* n_tiles, unsigned max_tiles,
                      const int32_t* slot_pair, int K, const uint8_t* xq, const float* xs, int64_t ldxs, int64_t x_rows,
                      int64_t d, int64_t I, float limit, float* H, cudaStream_t s);

@@ -1,188 +1,338 @@
-// Routed experts at prefill sizes on FP8 warpgroup MMA (sm_90a): the design of bench/NOTES.md
-// step 9. The bf16 wgmma kernels (moe_wgmma.cu) convert every e2m1 weight to bf16 with its
-// scale (byte lookups and a bf16 multiply per pair) and run at ~45% of the bf16 rate, bound by
-// those conversions. Here the weights become e4m3 bytes (7 integer instructions per 8 values,
-// exact; mma_e4m3.cuh) as the A operand from registers, the activation codes are the B operand
-// as act_quant_fp8_wgmma_b wrote them (16-byte chunks are core-matrix rows: staged by cp.async
-// without any shuffle), and wgmma.m64n64k32.e4m3 gives one 32-group's products per call into a
-// fresh accumulator, promoted into the fp32 sum with the group's E8M0 scale times the column's
-// activation scale — the per-group structure of the other Fast kernels; the tensor core's sum of
-// a group's 32 products is not bitwise theirs. The codes sit in the stages as 128-byte rows in
-// the 128-byte swizzle (wgmma_desc_sw128; core matrices without swizzle ran the FP8 grouped GEMM
-// of gemm_fp8_grouped.cu 1.6x slower).
+// Routed experts at prefill sizes on FP8 warpgroup MMA (sm_90a). The bf16 wgmma kernels
+// (moe_wgmma.cu) convert every e2m1 weight to bf16 with its scale and run at about half the bf16
+// rate. Here a weight becomes an e4m3 byte with its E8M0 group scale folded in: in one row's
+// 128-block, group j (32 values) is written as e2m1 · 2^(k_j - 6) with k_j = e_j - base, base =
+// the largest exponent - 12, so k_j <= 12 keeps every value finite, and k_j >= 1 (exponents at
+// most 11 apart, the common case) keeps it exact, by a byte lookup (prmt) per 4 values from
+// tables of two integer multiply-adds. The four k32 steps of a block then chain on the tensor
+// core into one accumulator, promoted once per block into the fp32 sum with the row's 2^(base -
+// 127) times the column's activation scale (DeepGEMM's per-128 promotion). Rows whose exponents
+// spread wider take rounded tables: the smaller groups' values round to e4m3 (subnormals from
+// 2^-9 of the largest group's scale), below the FP8 activation rounding.
+// The activation codes (act_quant_fp8_wgmma_b: 16-byte chunks are core-matrix rows) are the B
+// operand, staged by cp.async into the 128-byte swizzle.
 //
-// CTA: two warpgroups of 64 weight rows, one tile of <= 64 tokens, all of K; 4 stages of one
-// 128-block (the tile's codes and scales, the CTA's weight pieces), copied by cp.async three
-// blocks ahead (weights one block ahead in registers ran at half the bf16 kernels' speed). The grid's x is the tile, so the tiles of one
-// expert (adjacent in the tile list) run together and share its rows in L2.
+// CTA: two warpgroups, each one 64-row slice of one weight (gate/up: W1 and W3 of the same rows,
+// joined by SwiGLU through shared memory; down: two slices of W2), one tile of <= 128 tokens
+// (wgmma N = 128, or 64 for tiles of <= 64), all of K; kStages stages of one 128-block copied by
+// cp.async kStages - 1 blocks ahead. Software pipeline per warpgroup: block kb + 1's weights are
+// converted while block kb's wgmmas run. The grid's x is the row slice: the CTAs of one tile run
+// together and read its activation codes (128 tokens x K: twice a slice's weight bytes) from L2
+// once; with the tile as x (step 9's order) each slice re-read them from DRAM.
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/cp_async.cuh"
 #include "backend/cuda/device.h"
-#include "backend/cuda/moe_tiles.cuh"
+#include "backend/cuda/mma_e4m3.cuh"
 #include "backend/cuda/moe_packed_fragments.cuh"
+#include "backend/cuda/moe_tiles.cuh"
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/wgmma.cuh"
 
 namespace dsv4::cuda::detail {
 namespace {
 
-constexpr int kTok = kMoeFp8WideTokens;  // tile tokens: the wgmma's N
-constexpr int kWarpgroups = 2;
-constexpr int kThreads = 128 * kWarpgroups;
-constexpr int kCtaRows = 64 * kWarpgroups;
-constexpr int kStages = 4;
-// B operand of one 128-block: token t's 128 code bytes at 128 t, their 16-byte chunk c (group c /
-// 2, half c % 2) at chunk c ^ (t % 8); group j's k-step starts 32 j into the tile.
-constexpr int kChunks = kTok * 8;   // 16-byte chunks of a block
-constexpr int kCopies = kChunks / kThreads;
-static_assert(kChunks % kThreads == 0 && kTok <= kThreads, "whole chunks per thread");
+constexpr int kTok = kMoeFp8WideTokens;  // tile tokens: the widest wgmma N
+constexpr int kThreads = 256;            // two warpgroups
+constexpr int kSliceRows = kPackTileRows;  // one warpgroup's weight rows (one packed tile)
+constexpr int kStages = 6;
+constexpr int kExPitch = kTok + 4;  // the epilogue's [row][token] floats
 
-// One 128-block: the tile's codes and scales, the CTA's NM x 128 rows of packed FP4 (the two
-// 64-row tiles' 4 KB pieces) and their E8M0 words.
-template <int NM>
-struct alignas(1024) Stage {  // act first: swizzle atoms 1024-aligned in every stage
+// One 128-block: the tile's codes (token t's 128 bytes at 128 t, 16-byte chunk c at c ^ (t % 8))
+// and scales, and each warpgroup's 64 rows of packed FP4 (one 4 KB piece) with their E8M0 words.
+struct alignas(1024) Stage {
   uint8_t act[kTok * 128];
   float xs[kTok];
-  uint8_t w[NM][kCtaRows][64];
-  uint32_t e[NM][kCtaRows];
+  uint8_t w[2][kSliceRows][64];
+  uint32_t e[2][kSliceRows];
 };
-template <int NM>
-constexpr size_t kSmem = 1024 + kStages * sizeof(Stage<NM>) + kTok * sizeof(int32_t);  // + alignment
+constexpr size_t kSmem = 1024 + kStages * sizeof(Stage) + kTok * sizeof(int32_t);  // + alignment
+static_assert(2 * kSliceRows * kExPitch * sizeof(float) <= kStages * sizeof(Stage), "epilogue fits the stages");
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
-// Block kb into a stage (every thread; one cp.async group): the tile's codes (off[n]: element
-// offset of this thread's chunk n, its token's row x ld + 16 c) and scales (rows: the tile's
-// activation rows), the weights' two 4 KB pieces (w: the CTA's first tile) and E8M0 words.
-template <int NM>
-__device__ __forceinline__ void stage_block(Stage<NM>& st, const uint8_t* xq, const uint32_t (&off)[kCopies],
+// Block kb into a stage (every thread; one cp.async group): the first N tokens' codes (off[n]:
+// element offset of this thread's chunk n, its token's row x ld + 16 c) and scales (rows: the
+// tile's activation rows), the two weight slices' pieces (w[s]: the slice's packed tile) and
+// E8M0 words (e[s]: the slice's first row).
+template <int N>
+__device__ __forceinline__ void stage_block(Stage& st, const uint8_t* xq, const uint32_t (&off)[N * 8 / kThreads],
                                             const float* xs, int64_t ldxs, const int32_t* rows,
-                                            const uint8_t* const (&w)[NM], const uint8_t* const (&e)[NM], int64_t rb,
-                                            int64_t sc, int64_t kb) {
+                                            const uint8_t* const (&w)[2], const uint8_t* const (&e)[2], int64_t sc,
+                                            int kb) {
 #pragma unroll
-  for (int n = 0; n < kCopies; ++n) {
+  for (int n = 0; n < N * 8 / kThreads; ++n) {
     const int i = threadIdx.x + kThreads * n, t = i >> 3, c = i & 7;
     cp_async16(st.act + t * 128 + ((c ^ (t & 7)) << 4), xq + kb * 128 + off[n]);
   }
-  if (threadIdx.x < kTok) cp_async4(&st.xs[threadIdx.x], xs + kb * ldxs + rows[threadIdx.x]);
+  if (threadIdx.x < N) cp_async4(&st.xs[threadIdx.x], xs + kb * ldxs + rows[threadIdx.x]);
 #pragma unroll
-  for (int m = 0; m < NM; ++m) {
-#pragma unroll
-    for (int n = 0; n < kCtaRows * 4 / kThreads; ++n) {
-      const int i = threadIdx.x + kThreads * n, tile = i >> 8, o = (i & 255) * 16;
-      cp_async16(&st.w[m][64 * tile + (o >> 6)][o & 63], w[m] + tile * kPackTileRows * rb + kb * kPackedBlockStride + o);
-    }
-    if (threadIdx.x < kCtaRows) cp_async4(&st.e[m][threadIdx.x], e[m] + threadIdx.x * sc + kb * 4);
+  for (int s = 0; s < 2; ++s) {  // thread i copies 16 bytes of each slice's 4 KB piece
+    const int o = threadIdx.x * 16;
+    cp_async16(&st.w[s][o >> 6][o & 63], w[s] + static_cast<int64_t>(kb) * kPackedBlockStride + o);
+  }
+  if (threadIdx.x < 2 * kSliceRows) {
+    const int r = threadIdx.x % kSliceRows;
+    cp_async4(&st.e[threadIdx.x / kSliceRows][r], (threadIdx.x < kSliceRows ? e[0] : e[1]) + r * sc + kb * 4);
   }
   cp_async_commit();
 }
 
-// This warp's rows 16w + g, + 8 of a stage.
-template <int NM>
-__device__ __forceinline__ void read_block(WBlock<NM>& o, const Stage<NM>& st) {
-  const int lr = 16 * (threadIdx.x >> 5) + ((threadIdx.x & 31) >> 2), q = threadIdx.x & 3;
-#pragma unroll
-  for (int m = 0; m < NM; ++m) {
-    o.a[m] = *reinterpret_cast<const uint4*>(&st.w[m][lr][16 * q]);
-    o.b[m] = *reinterpret_cast<const uint4*>(&st.w[m][lr + 8][16 * q]);
-    o.ea[m] = st.e[m][lr];
-    o.eb[m] = st.e[m][lr + 8];
-  }
+// A row's exponent base over all of K: base = its largest E8M0 exponent - 12, so that every
+// group's k = e - base <= 12; k >= 1 (exact tables) for groups within 11 of the largest. The
+// row's scale 2^(base - 127) is applied once, in the epilogue (NaN for a 0xFF byte).
+struct RowBase {
+  uint32_t clo, chi, kmin4;  // table constants; the smallest byte with exact tables (base + 1) x 4
+  int base;
+  float scale;
+};
+
+// The base of row r of slice e (sc scale bytes per row); the four lanes q of the row's quad
+// split its words.
+__device__ __forceinline__ RowBase row_base(const uint8_t* e, int64_t sc) {
+  const int q = threadIdx.x & 3;
+  uint32_t m = 0;
+  for (int64_t i = q; i < sc / 4; i += 4) m = __vmaxu4(m, __ldg(reinterpret_cast<const uint32_t*>(e) + i));
+  m = __vmaxu4(m, __shfl_xor_sync(0xFFFFFFFFu, m, 1));
+  m = __vmaxu4(m, __shfl_xor_sync(0xFFFFFFFFu, m, 2));
+  const uint32_t hi = max(max(m & 0xFFu, (m >> 8) & 0xFFu), max((m >> 16) & 0xFFu, m >> 24));
+  const int base = static_cast<int>(hi) - 12;
+  RowBase rb;
+  rb.clo = 0x0C080000u - static_cast<uint32_t>(base) * 0x08080800u;
+  rb.chi = 0x1C181410u - static_cast<uint32_t>(base) * 0x08080808u;
+  rb.kmin4 = static_cast<uint32_t>(max(base + 1, 0)) * 0x01010101u;
+  rb.base = base;
+  rb.scale = hi == 0xFFu ? __int_as_float(0x7FC00000) : base >= 1 ? __int_as_float(base << 23) : ldexpf(1.f, base - 127);
+  return rb;
 }
 
-// acc[m] (unscaled by 2^6) += this block's products of the warp's rows (cur) and the stage.
-template <int NM>
-__device__ __forceinline__ void block_fp8(const WBlock<NM>& cur, const Stage<NM>& st, float (&c)[NM][32],
-                                          float (&acc)[NM][32]) {
-  const int q = threadIdx.x & 3;
-  float xv[16];  // the activation scales of the thread's columns 8 (i / 4) + 2q + i % 2
+// Byte permute with PTX prmt's default mode (selector nibble bit 3 clear: plain byte select).
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+  return r;
+}
+
+// Eight e2m1 (element 2i in the low nibble of byte i) -> e4m3 bytes through a group's tables
+// (bytes for magnitudes 0-3 / 4-7), in e2m1x8_e4m3's order (even = elements 0, 2, 4, 6; odd = 1,
+// 3, 5, 7): the word's nibbles (sign bits cleared) are prmt selectors as stored, so elements 0-3
+// and 4-7 are looked up in two prmts, split into even / odd in two more, and the signs moved onto
+// bit 7. Exact tables for k in [1, 12]: e2m1 code c (e1 e0 m) -> (c << 2) + 8k for c >= 2 (the
+// exponent field + k), 8k for 0.5, 0 for 0.
+__device__ __forceinline__ void e2m1x8_e4m3_folded(uint32_t w, uint32_t lo, uint32_t hi, uint32_t& even,
+                                                   uint32_t& odd) {
+  const uint32_t m = w & 0x77777777u;
+  const uint32_t v03 = prmt(lo, hi, m), v47 = prmt(lo, hi, m >> 16);
+  even = prmt(v03, v47, 0x6420u) | ((w << 4) & 0x80808080u);
+  odd = prmt(v03, v47, 0x7531u) | (w & 0x80808080u);
+}
+
+// A warpgroup's A fragments of one block: a[j] = k-step j in wgmma order (row g even, row g + 8
+// even, row g odd, row g + 8 odd).
+struct Frag {
+  uint32_t a[4][4];
+};
+
+// Blocks where a group of row g or g + 8 lies 12 or more exponents below its row's largest (or
+// the row holds 0xFF): every group's table rounded to nearest (the same bytes as the exact tables
+// where those apply; smaller values become e4m3 subnormals or 0). Out of line: the common path
+// stays free of calls.
+__device__ __noinline__ Frag fold_rounded(uint4 wa, uint4 wb, uint32_t ea, uint32_t eb, int base_a, int base_b) {
+  const float mag[8] = {0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f};
+  Frag f;
+  for (int r = 0; r < 2; ++r)
+    for (int j = 0; j < 4; ++j) {
+      const int k = static_cast<int>(((r ? eb : ea) >> (8 * j)) & 0xFFu) - (r ? base_b : base_a);
+      uint32_t t[2] = {0u, 0u};
+      for (int c = 1; c < 8; ++c)
+        t[c >> 2] |= static_cast<uint32_t>(__nv_cvt_float_to_fp8(ldexpf(mag[c], k - 6), __NV_SATFINITE, __NV_E4M3))
+                     << (8 * (c & 3));
+      e2m1x8_e4m3_folded(word_of(r ? wb : wa, j), t[0], t[1], f.a[j][r], f.a[j][r + 2]);
+    }
+  return f;
+}
+
+// This warpgroup's fragments of a stage's block (rows lr, lr + 8 of slice s).
+__device__ __forceinline__ void fold_block(const Stage& st, const RowBase& ra, const RowBase& rb,
+                                           uint32_t (&a)[4][4]) {
+  const int s = threadIdx.x >> 7, lr = 16 * ((threadIdx.x >> 5) & 3) + ((threadIdx.x & 31) >> 2), q = threadIdx.x & 3;
+  const uint4 wa = *reinterpret_cast<const uint4*>(&st.w[s][lr][16 * q]);
+  const uint4 wb = *reinterpret_cast<const uint4*>(&st.w[s][lr + 8][16 * q]);
+  const uint32_t ea = st.e[s][lr], eb = st.e[s][lr + 8];
+  // Exact when every byte is >= kmin: the byte-wise saturating difference is then all zero.
+  const uint32_t short_a = __vsubus4(ra.kmin4, ea), short_b = __vsubus4(rb.kmin4, eb);
+  if (__builtin_expect((short_a | short_b) != 0u, 0)) {
+    const Frag f = fold_rounded(wa, wb, ea, eb, ra.base, rb.base);
 #pragma unroll
-  for (int u = 0; u < 8; ++u) {
-    const float2 v = *reinterpret_cast<const float2*>(&st.xs[8 * u + 2 * q]);
-    xv[2 * u] = v.x;
-    xv[2 * u + 1] = v.y;
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) a[j][i] = f.a[j][i];
+    return;
   }
-  uint32_t special = 0;
-#pragma unroll
-  for (int m = 0; m < NM; ++m) special |= e8m0_special_bytes(cur.ea[m]) | e8m0_special_bytes(cur.eb[m]);
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
-    uint32_t a[NM][4];
-#pragma unroll
-    for (int m = 0; m < NM; ++m) {
-      e2m1x8_e4m3(word_of(cur.a[m], j), a[m][0], a[m][2]);
-      e2m1x8_e4m3(word_of(cur.b[m], j), a[m][1], a[m][3]);
-    }
-    wgmma_fence();
-#pragma unroll
-    for (int m = 0; m < NM; ++m) wgmma_m64n64k32_e4m3_rs(c[m], a[m], wgmma_desc_sw128(st.act + 32 * j), false);
-    wgmma_commit();
-    wgmma_wait<0>();
-#pragma unroll
-    for (int m = 0; m < NM; ++m) {
-      wgmma_pin(c[m]);
-      const float s_a = group_scale(cur.ea[m], j, special != 0), s_b = group_scale(cur.eb[m], j, special != 0);
-#pragma unroll
-      for (int i = 0; i < 32; ++i) acc[m][i] += c[m][i] * ((i & 2 ? s_b : s_a) * xv[2 * (i >> 2) + (i & 1)]);
-    }
+    const uint32_t ba = (ea >> (8 * j)) & 0xFFu, bb = (eb >> (8 * j)) & 0xFFu;
+    e2m1x8_e4m3_folded(word_of(wa, j), ra.clo + ba * 0x08080800u, ra.chi + ba * 0x08080808u, a[j][0], a[j][2]);
+    e2m1x8_e4m3_folded(word_of(wb, j), rb.clo + bb * 0x08080800u, rb.chi + bb * 0x08080808u, a[j][1], a[j][3]);
   }
 }
 
-// acc[m] = W_m[this thread's rows of the CTA's 128 from r0] · tile over all nkb blocks of K = in
-// (unscaled by 2^6). rows[t]: the activation row of tile column t (columns past count repeat
-// column 0; their outputs are not stored).
-template <int NM>
-__device__ __forceinline__ void rows_times_tile(unsigned char* smem, const DevWeight* const (&w)[NM], int64_t r0,
-                                                const int32_t* rows, const uint8_t* xq, const float* xs, int64_t ldxs,
-                                                int64_t in, float (&acc)[NM][32]) {
-  Stage<NM>* st = reinterpret_cast<Stage<NM>*>(smem);
-  const int64_t rb = in / 2, sc = w[0]->scale_cols, nkb = in / 128;
-  const uint8_t* wp[NM];
-  const uint8_t* ep[NM];
+// c = this warpgroup's 64 rows x N tokens of one block: four k32 steps chained on the tensor core.
+template <int N>
+__device__ __forceinline__ void issue_block(float (&c)[N / 2], const uint32_t (&a)[4][4], const Stage& st) {
+  wgmma_fence();
 #pragma unroll
-  for (int m = 0; m < NM; ++m) {
-    wp[m] = w[m]->data + packed_row_offset(r0, rb);
-    ep[m] = w[m]->scale + r0 * sc;
+  for (int j = 0; j < 4; ++j) {
+    if constexpr (N == 128)
+      wgmma_m64n128k32_e4m3_rs(c, a[j], wgmma_desc_sw128(st.act + 32 * j), j > 0);
+    else
+      wgmma_m64n64k32_e4m3_rs(c, a[j], wgmma_desc_sw128(st.act + 32 * j), j > 0);
   }
-  uint32_t off[kCopies];
+  wgmma_commit();
+}
+
+// acc += c · the column's activation scale (accumulator i: column 8 (i / 4) + 2q + i % 2).
+template <int N>
+__device__ __forceinline__ void promote(const float (&c)[N / 2], const float* xs, float (&acc)[N / 2]) {
+  const int q = threadIdx.x & 3;
 #pragma unroll
-  for (int n = 0; n < kCopies; ++n) {
+  for (int u = 0; u < N / 8; ++u) {
+    const float2 v = *reinterpret_cast<const float2*>(&xs[8 * u + 2 * q]);
+    acc[4 * u + 0] = fmaf(c[4 * u + 0], v.x, acc[4 * u + 0]);
+    acc[4 * u + 1] = fmaf(c[4 * u + 1], v.y, acc[4 * u + 1]);
+    acc[4 * u + 2] = fmaf(c[4 * u + 2], v.x, acc[4 * u + 2]);
+    acc[4 * u + 3] = fmaf(c[4 * u + 3], v.y, acc[4 * u + 3]);
+  }
+}
+
+// What the pipeline steps share.
+template <int N>
+struct Pipe {
+  Stage* st;
+  int nkb;
+  const uint8_t* xq;
+  uint32_t off[N * 8 / kThreads];
+  const float* xs;
+  int64_t ldxs;
+  const int32_t* rows;
+  const uint8_t* wp[2];
+  const uint8_t* ep[2];
+  int64_t sc;
+  RowBase ra, rb;
+};
+
+// One pipeline step: block kb's wgmmas (on a_cur) are in flight; stage the block kStages - 1
+// ahead, convert block kb + 1 into a_next, wait, promote kb, issue kb + 1. s: kb's stage.
+template <int N>
+__device__ __forceinline__ void pipeline_step(const Pipe<N>& p, int kb, int s, float (&c)[N / 2], float (&acc)[N / 2],
+                                              uint32_t (&a_next)[4][4]) {
+  // Block kb + 1 has landed for every thread; every warpgroup has waited for and promoted block
+  // kb - 1, whose stage block kb + kStages - 1 takes.
+  cp_async_wait<kStages - 3>();
+  fence_proxy_async_smem();
+  __syncthreads();
+  const int nb = kb + kStages - 1, sp = s == 0 ? kStages - 1 : s - 1, sn = s == kStages - 1 ? 0 : s + 1;
+  if (nb < p.nkb)
+    stage_block<N>(p.st[sp], p.xq, p.off, p.xs, p.ldxs, p.rows, p.wp, p.ep, p.sc, nb);
+  else
+    cp_async_commit();
+  const bool more = kb + 1 < p.nkb;
+  if (more) fold_block(p.st[sn], p.ra, p.rb, a_next);
+  wgmma_wait<0>();
+  wgmma_pin(c);
+  promote<N>(c, p.st[s].xs, acc);
+  if (more) issue_block<N>(c, a_next, p.st[sn]);
+}
+
+// acc = this warpgroup's 64 rows (slice threadIdx.x / 128: packed tile wp[s], E8M0 rows ep[s]) ·
+// the tile's first N tokens over all in / 128 blocks of K, unscaled by the rows' 2^6 · scale
+// (rs: rows g, g + 8). rows[t]: the activation row of tile column t (columns past count repeat
+// column 0; not stored).
+template <int N>
+__device__ __forceinline__ void slice_times_tile(unsigned char* smem, const uint8_t* const (&wp)[2],
+                                                 const uint8_t* const (&ep)[2], int64_t sc, const int32_t* rows,
+                                                 const uint8_t* xq, const float* xs, int64_t ldxs, int64_t in,
+                                                 float (&acc)[N / 2], float (&rs)[2]) {
+  Pipe<N> p;
+  p.st = reinterpret_cast<Stage*>(smem);
+  p.nkb = static_cast<int>(in / 128);
+  p.xq = xq;
+  p.xs = xs;
+  p.ldxs = ldxs;
+  p.rows = rows;
+  p.sc = sc;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    p.wp[i] = wp[i];
+    p.ep[i] = ep[i];
+  }
+#pragma unroll
+  for (int n = 0; n < N * 8 / kThreads; ++n) {
     const int i = threadIdx.x + kThreads * n;
-    off[n] = static_cast<uint32_t>(rows[i >> 3] * in + 16 * (i & 7));
+    p.off[n] = static_cast<uint32_t>(rows[i >> 3] * in + 16 * (i & 7));
+  }
+  {  // the weights' scales are not written by the kernel before this one (pdl.cuh)
+    const int ws = threadIdx.x >> 7, lr = 16 * ((threadIdx.x >> 5) & 3) + ((threadIdx.x & 31) >> 2);
+    const uint8_t* e = ws ? ep[1] : ep[0];
+    p.ra = row_base(e + lr * sc, sc);
+    p.rb = row_base(e + (lr + 8) * sc, sc);
+    rs[0] = p.ra.scale;
+    rs[1] = p.rb.scale;
   }
   pdl_wait();
   for (int b = 0; b < kStages - 1; ++b) {
-    if (b < nkb)
-      stage_block(st[b], xq, off, xs, ldxs, rows, wp, ep, rb, sc, b);
+    if (b < p.nkb)
+      stage_block<N>(p.st[b], xq, p.off, xs, ldxs, rows, wp, ep, sc, b);
     else
       cp_async_commit();
   }
-  float c[NM][32];
+  float c[N / 2];
 #pragma unroll
-  for (int m = 0; m < NM; ++m)
-#pragma unroll
-    for (int i = 0; i < 32; ++i) acc[m][i] = c[m][i] = 0.f;
-  for (int64_t kb = 0; kb < nkb; ++kb) {
-    cp_async_wait<kStages - 2>();
-    // Block kb is staged for every warp, and every warp is done with block kb - 1's stage (its
-    // wgmmas were waited for), which block kb + kStages - 1 takes.
-    __syncthreads();
-    const int64_t nb = kb + kStages - 1;
-    if (nb < nkb)
-      stage_block(st[nb % kStages], xq, off, xs, ldxs, rows, wp, ep, rb, sc, nb);
-    else
-      cp_async_commit();
-    WBlock<NM> cur;
-    read_block(cur, st[kb % kStages]);
-    block_fp8<NM>(cur, st[kb % kStages], c, acc);
+  for (int i = 0; i < N / 2; ++i) acc[i] = c[i] = 0.f;
+  uint32_t a0[4][4], a1[4][4];
+  cp_async_wait<kStages - 2>();
+  fence_proxy_async_smem();
+  __syncthreads();
+  fold_block(p.st[0], p.ra, p.rb, a0);
+  issue_block<N>(c, a0, p.st[0]);
+  int s = 0;  // block kb's stage
+  for (int kb = 0; kb < p.nkb; kb += 2) {
+    pipeline_step<N>(p, kb, s, c, acc, a1);
+    s = s == kStages - 1 ? 0 : s + 1;
+    if (kb + 1 < p.nkb) {
+      pipeline_step<N>(p, kb + 1, s, c, acc, a0);
+      s = s == kStages - 1 ? 0 : s + 1;
+    }
   }
+  cp_async_wait<0>();
+  __syncthreads();  // the stages are free for the epilogue
 }
 
-// Row (from the CTA's first) and column of this thread's accumulator i (wgmma.cuh).
-__device__ __forceinline__ int acc_row(int i) { return 16 * (threadIdx.x >> 5) + ((threadIdx.x & 31) >> 2) + (i & 2) * 4; }
-__device__ __forceinline__ int acc_col(int i) { return 8 * (i >> 2) + 2 * (threadIdx.x & 3) + (i & 1); }
+// The epilogue's [128 rows][kExPitch] floats (warpgroup s at rows 64 s): this thread's
+// accumulators times 2^6 and their row's scale.
+template <int N>
+__device__ __forceinline__ void stash(const float (&acc)[N / 2], const float (&rs)[2], float* ex) {
+  const int q = threadIdx.x & 3,
+            row = 64 * (threadIdx.x >> 7) + 16 * ((threadIdx.x >> 5) & 3) + ((threadIdx.x & 31) >> 2);
+  const float s0 = rs[0] * kE2m1E4m3Unscale, s1 = rs[1] * kE2m1E4m3Unscale;
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i)
+    ex[(row + (i & 2) * 4) * kExPitch + 8 * (i >> 2) + 2 * q + (i & 1)] = acc[i] * (i & 2 ? s1 : s0);
+  __syncthreads();
+}
+
+// The weight slices of a CTA: gate/up W1 and W3 at rows r0 (its h rows r0 .. r0 + 63); down two
+// 64-row slices of W2 from r0.
+__device__ __forceinline__ void slice_pointers(const DevWeight& w0, int64_t r0_0, const DevWeight& w1, int64_t r0_1,
+                                               const uint8_t* (&wp)[2], const uint8_t* (&ep)[2]) {
+  const int64_t rb = w0.in / 2, sc = w0.scale_cols;
+  wp[0] = w0.data + packed_row_offset(r0_0, rb);
+  wp[1] = w1.data + packed_row_offset(r0_1, rb);
+  ep[0] = w0.scale + r0_0 * sc;
+  ep[1] = w1.scale + r0_1 * sc;
+}
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
@@ -194,22 +344,30 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* smem = align_1024(smem_raw);
-  if (static_cast<int>(blockIdx.x) >= *n_tiles) return;
-  const MoeTile t = tiles[blockIdx.x];
-  int32_t* rows = reinterpret_cast<int32_t*>(smem + kStages * sizeof(Stage<2>));
+  if (static_cast<int>(blockIdx.y) >= *n_tiles) return;
+  const MoeTile t = tiles[blockIdx.y];
+  int32_t* rows = reinterpret_cast<int32_t*>(smem + kStages * sizeof(Stage));
   if (threadIdx.x < kTok) rows[threadIdx.x] = slot_pair[t.start + (threadIdx.x < t.count ? threadIdx.x : 0)] / K;
   __syncthreads();
-  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kCtaRows;
-  const DevWeight* const ws[2] = {tab + 3 * t.expert, tab + 3 * t.expert + 2};  // W1, W3
-  float acc[2][32];
-  rows_times_tile<2>(smem, ws, r0, rows, xq, xs, ldxs, d, acc);
-#pragma unroll
-  for (int i = 0; i < 32; ++i) {
-    const int col = acc_col(i);
-    if (col < t.count)
-      H[static_cast<int64_t>(t.start + col) * I + r0 + acc_row(i)] =
-          swiglu_clamped(acc[0][i] * kE2m1E4m3Unscale, acc[1][i] * kE2m1E4m3Unscale, limit);
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kSliceRows;
+  const uint8_t *wp[2], *ep[2];
+  slice_pointers(tab[3 * t.expert], r0, tab[3 * t.expert + 2], r0, wp, ep);  // W1, W3
+  const int64_t sc = tab[3 * t.expert].scale_cols;
+  float* ex = reinterpret_cast<float*>(smem);
+  if (t.count <= 64) {
+    float acc[32], rs[2];
+    slice_times_tile<64>(smem, wp, ep, sc, rows, xq, xs, ldxs, d, acc, rs);
+    stash<64>(acc, rs, ex);
+  } else {
+    float acc[64], rs[2];
+    slice_times_tile<128>(smem, wp, ep, sc, rows, xq, xs, ldxs, d, acc, rs);
+    stash<128>(acc, rs, ex);
   }
+  // h rows r0 .. r0 + 63 of each token: 64 consecutive floats per token.
+  const int row = threadIdx.x & 63;
+  for (int col = threadIdx.x >> 6; col < t.count; col += kThreads / 64)
+    H[static_cast<int64_t>(t.start + col) * I + r0 + row] =
+        swiglu_clamped(ex[row * kExPitch + col], ex[(64 + row) * kExPitch + col], limit);
 #endif
 }
 
@@ -221,21 +379,29 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* smem = align_1024(smem_raw);
-  if (static_cast<int>(blockIdx.x) >= *n_tiles) return;
-  const MoeTile t = tiles[blockIdx.x];
-  int32_t* rows = reinterpret_cast<int32_t*>(smem + kStages * sizeof(Stage<1>));
+  if (static_cast<int>(blockIdx.y) >= *n_tiles) return;
+  const MoeTile t = tiles[blockIdx.y];
+  int32_t* rows = reinterpret_cast<int32_t*>(smem + kStages * sizeof(Stage));
   if (threadIdx.x < kTok) rows[threadIdx.x] = t.start + (threadIdx.x < t.count ? threadIdx.x : 0);
   __syncthreads();
-  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kCtaRows;
-  const DevWeight* const ws[1] = {tab + 3 * t.expert + 1};  // W2
-  float acc[1][32];
-  rows_times_tile<1>(smem, ws, r0, rows, hq, hs, ldhs, I, acc);
-#pragma unroll
-  for (int i = 0; i < 32; ++i) {
-    const int col = acc_col(i);
-    if (col < t.count)
-      Y[static_cast<int64_t>(slot_pair[t.start + col]) * d + r0 + acc_row(i)] = acc[0][i] * kE2m1E4m3Unscale;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * 2 * kSliceRows;
+  const DevWeight& w2 = tab[3 * t.expert + 1];
+  const uint8_t *wp[2], *ep[2];
+  slice_pointers(w2, r0, w2, r0 + kSliceRows, wp, ep);
+  float* ex = reinterpret_cast<float*>(smem);
+  if (t.count <= 64) {
+    float acc[32], rs[2];
+    slice_times_tile<64>(smem, wp, ep, w2.scale_cols, rows, hq, hs, ldhs, I, acc, rs);
+    stash<64>(acc, rs, ex);
+  } else {
+    float acc[64], rs[2];
+    slice_times_tile<128>(smem, wp, ep, w2.scale_cols, rows, hq, hs, ldhs, I, acc, rs);
+    stash<128>(acc, rs, ex);
   }
+  // y rows r0 .. r0 + 127 of each token: 128 consecutive floats per token.
+  const int row = threadIdx.x & 127;
+  for (int col = threadIdx.x >> 7; col < t.count; col += kThreads / 128)
+    Y[static_cast<int64_t>(slot_pair[t.start + col]) * d + r0 + row] = ex[row * kExPitch + col];
 #endif
 }
 
@@ -244,25 +410,25 @@ __global__ void __launch_bounds__(kThreads, 1)
 void fp8_wide_gateup(const DevWeight* tab, const MoeTile* tiles, const int32_t* n_tiles, unsigned max_tiles,
                      const int32_t* slot_pair, int K, const uint8_t* xq, const float* xs, int64_t ldxs, int64_t x_rows,
                      int64_t d, int64_t I, float limit, float* H, cudaStream_t s) {
-  DSV4_CHECK(wgmma_available() && I % kCtaRows == 0 && d % 128 == 0,
-             "fp8_wide_gateup: needs an sm_90a device and build, I a multiple of 128");
+  DSV4_CHECK(wgmma_available() && I % kSliceRows == 0 && d % 128 == 0,
+             "fp8_wide_gateup: needs an sm_90a device and build, I a multiple of 64 and d of 128");
   DSV4_CHECK(x_rows * d < int64_t{UINT32_MAX}, "fp8_wide_gateup: activations beyond 32-bit offsets");
   DSV4_CUDA_CHECK(cudaFuncSetAttribute(gateup_fp8_wide_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(kSmem<2>)));
-  launch_dependent(gateup_fp8_wide_kernel, dim3(max_tiles, static_cast<unsigned>(I / kCtaRows)), dim3(kThreads),
-                   kSmem<2>, s, tab, tiles, n_tiles, slot_pair, K, xq, xs, ldxs, d, I, limit, H);
+                                       static_cast<int>(kSmem)));
+  launch_dependent(gateup_fp8_wide_kernel, dim3(static_cast<unsigned>(I / kSliceRows), max_tiles), dim3(kThreads),
+                   kSmem, s, tab, tiles, n_tiles, slot_pair, K, xq, xs, ldxs, d, I, limit, H);
 }
 
 void fp8_wide_down(const DevWeight* tab, const MoeTile* tiles, const int32_t* n_tiles, unsigned max_tiles,
                    const int32_t* slot_pair, const uint8_t* hq, const float* hs, int64_t ldhs, int64_t h_rows, int64_t d,
                    int64_t I, float* Y, cudaStream_t s) {
-  DSV4_CHECK(wgmma_available() && d % kCtaRows == 0 && I % 128 == 0,
-             "fp8_wide_down: needs an sm_90a device and build, d a multiple of 128");
+  DSV4_CHECK(wgmma_available() && d % (2 * kSliceRows) == 0 && I % 128 == 0,
+             "fp8_wide_down: needs an sm_90a device and build, d and I multiples of 128");
   DSV4_CHECK(h_rows * I < int64_t{UINT32_MAX}, "fp8_wide_down: activations beyond 32-bit offsets");
   DSV4_CUDA_CHECK(cudaFuncSetAttribute(down_fp8_wide_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(kSmem<1>)));
-  launch_dependent(down_fp8_wide_kernel, dim3(max_tiles, static_cast<unsigned>(d / kCtaRows)), dim3(kThreads), kSmem<1>, s,
-                   tab, tiles, n_tiles, slot_pair, hq, hs, ldhs, d, I, Y);
+                                       static_cast<int>(kSmem)));
+  launch_dependent(down_fp8_wide_kernel, dim3(static_cast<unsigned>(d / (2 * kSliceRows)), max_tiles), dim3(kThreads),
+                   kSmem, s, tab, tiles, n_tiles, slot_pair, hq, hs, ldhs, d, I, Y);
 }
 
 }  // namespace dsv4::cuda::detail

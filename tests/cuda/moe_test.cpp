@@ -274,16 +274,21 @@ TEST(CudaMoe, SpecialScaleBytesDecodeExactly) {
   cuda::MoeRunner runner;
   ASSERT_TRUE(runner.pack_for_tensor_cores(ex.dev, nullptr));
   cuda::DeviceBuffer dx = cuda::to_device(x), de = cuda::to_device(experts), dw = cuda::to_device(weights);
-  // The mma.sync kernels, then the FP8 wgmma ones where the device has them (default there).
-  for (int mode : {-1, 0}) {
-    SCOPED_TRACE(mode < 0 ? "mma.sync decode tiles" : "default decode tiles");
-    cuda::set_moe_decode_wgmma(mode);
+  // The mma.sync kernels, then the FP8 wgmma ones where the device has them (default there), then
+  // the FP8 prefill tiles (mode 2: the scales folded into the weights; a 0x00 byte beside ~2^-4
+  // ones is a spread far past the exact tables', a 0xFF byte makes the row's scale NaN).
+  for (int mode : {-1, 0, 2}) {
+    if (mode == 2 && !cuda::moe_wgmma_available()) continue;
+    SCOPED_TRACE(mode < 0 ? "mma.sync decode tiles" : mode == 0 ? "default decode tiles" : "FP8 prefill tiles");
+    cuda::set_moe_decode_wgmma(mode == 2 ? 0 : mode);
+    if (mode == 2) cuda::set_moe_wide_tiles(4);
     cuda::DeviceBuffer dout(static_cast<size_t>(R * d) * 4);
     dout.fill_bytes(0);
     runner.run(ex.dev, dx.as<float>(), R, de.as<int32_t>(), dw.as<float>(), K, 10.f, dout.as<float>(),
                cuda::Precision::Fast, nullptr);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     cuda::set_moe_decode_wgmma(0);
+    cuda::set_moe_wide_tiles(0);
     const std::vector<float> got = cuda::to_host<float>(dout, static_cast<size_t>(R * d));
     std::vector<float> g, r;
     for (int64_t t = 0; t < R; ++t)
@@ -388,7 +393,7 @@ TEST(CudaMoe, WgmmaTilesMatchNarrowTiles) {
       cuda::set_moe_decode_wgmma(0);
       std::vector<float> ref(static_cast<size_t>(R * d), 0.f);
       cpu_moe(ex, rt.x, R, rt.ids, rt.w, K, 10.f, true, ref);
-      for (int mode : {2, 3, 4}) {  // 64- and 128-token bf16 tiles, 64-token FP8 tiles
+      for (int mode : {2, 3, 4}) {  // 64- and 128-token bf16 tiles, 128-token FP8 tiles
       const std::vector<float> wg = run(mode);
       size_t diff = 0, bad = 0;
       for (size_t i = 0; i < wg.size(); ++i) {
@@ -397,7 +402,7 @@ TEST(CudaMoe, WgmmaTilesMatchNarrowTiles) {
       }
       const double vs_narrow = rel_error(wg, narrow), vs_cpu = rel_error(wg, ref), narrow_cpu = rel_error(narrow, ref);
       std::printf("moe wgmma %d-token %s tiles d=%lld I=%lld R=%lld: vs 8-token %.2e, vs cpu %.2e (8-token vs cpu "
-                  "%.2e), %zu differ\n", mode == 3 ? 128 : 64, mode == 4 ? "fp8" : "bf16", (long long)d, (long long)I,
+                  "%.2e), %zu differ\n", mode == 2 ? 64 : 128, mode == 4 ? "fp8" : "bf16", (long long)d, (long long)I,
                   (long long)R, vs_narrow, vs_cpu, narrow_cpu, diff);
       EXPECT_EQ(bad, 0u) << "d=" << d << " R=" << R << ": unwritten or non-finite outputs";
       // bf16: fp32 sums in another order, ~1e-7 (2026-12-04), but now and then an h element whose
@@ -411,6 +416,57 @@ TEST(CudaMoe, WgmmaTilesMatchNarrowTiles) {
       }
     }
   }
+}
+
+// The FP8 prefill tiles fold each row's four group scales of a 128-block into the e4m3 weights:
+// exact tables while the exponents lie within 11 of each other, rounded ones past that. Rows here
+// get one group 6 / 11 / 12 / 20 exponents below the rest and one group 9 above (both table kinds
+// in one block, and rows of each kind in one warp): against the CPU formula as tightly as the
+// 8-token kernels, which apply every group scale in fp32.
+TEST(CudaMoe, Fp8WideTilesFoldSpreadScales) {
+  DSV4_REQUIRE_GPU();
+  if (!cuda::moe_wgmma_available()) GTEST_SKIP() << "wgmma expert tiles need an sm_90 device and an arch-90a build";
+  const int64_t E = 4, d = 512, I = 256, K = 2, R = 200;
+  Experts ex = make_experts(Kind::FP4, static_cast<int>(E), d, I);
+  const int drops[4] = {6, 11, 12, 20};
+  auto spread = [&](TestWeight& w, int64_t rows, int64_t in) {
+    const int64_t sc = in / 32;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t kb = 0; kb < in / 128; ++kb) {
+        const int64_t g = 4 * kb + (r + kb) % 4;
+        if (r % 5 == 4) continue;  // some rows keep the narrow random spread
+        uint8_t& b = w.scale[static_cast<size_t>(r * sc + g)];
+        b = static_cast<uint8_t>(r % 5 == 3 ? b + 9 : b - drops[r % 4]);
+      }
+    ASSERT_EQ(cudaMemcpy(w.d_scale.as<uint8_t>(), w.scale.data(), w.scale.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  };
+  for (int64_t e = 0; e < E; ++e) {
+    spread(ex.w1[e], I, d);
+    spread(ex.w3[e], I, d);
+    spread(ex.w2[e], d, I);
+  }
+  cuda::MoeRunner runner;
+  ASSERT_TRUE(runner.pack_for_tensor_cores(ex.dev, nullptr));
+  const Routing rt = make_routing(R, d, K, static_cast<int>(E));
+  std::vector<float> ref(static_cast<size_t>(R * d), 0.f);
+  cpu_moe(ex, rt.x, R, rt.ids, rt.w, K, 10.f, true, ref);
+  cuda::set_moe_decode_wgmma(-1);
+  const std::vector<float> narrow = [&] {
+    cuda::set_moe_wide_tiles(-1);
+    return run_poisoned(runner, ex, rt, R, K);
+  }();
+  cuda::set_moe_decode_wgmma(0);
+  cuda::set_moe_wide_tiles(4);
+  const std::vector<float> wide = run_poisoned(runner, ex, rt, R, K);
+  cuda::set_moe_wide_tiles(0);
+  size_t bad = 0;
+  for (float v : wide) bad += !std::isfinite(v);
+  EXPECT_EQ(bad, 0u);
+  const double narrow_cpu = rel_error(narrow, ref), wide_cpu = rel_error(wide, ref);
+  std::printf("moe fp8 prefill tiles, spread scales: vs cpu %.2e (8-token vs cpu %.2e), vs 8-token %.2e\n", wide_cpu,
+              narrow_cpu, rel_error(wide, narrow));
+  EXPECT_LE(wide_cpu, std::max(1e-2, 2 * narrow_cpu));
+  EXPECT_LE(rel_error(wide, narrow), 1e-2);
 }
 
 }  // namespace
