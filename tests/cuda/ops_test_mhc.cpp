@@ -46,26 +46,42 @@ struct DevHc {
 
 class CudaOpsMhc : public ::testing::TestWithParam<std::pair<int64_t, int64_t>> {};  // (R, d)
 
+// One (R, d) case of n = 4 streams: fresh random weights and streams, the CPU's hc_pre, and
+// the same inputs on the device.
+struct HcCase {
+  int64_t n = 4, n_out = (2 + n) * n, R, d;
+  ModelConfig cfg;
+  HcWeights w;
+  std::vector<float> X;
+  HcMix mix;
+  std::vector<float> u;
+  DevHc dw;
+  DeviceBuffer dX;
+  HcCase(int64_t rows, int64_t width)
+      : R(rows), d(width), cfg(hc_config(n, d)), w(hc_weights(n_out, n * d, 3)), X(randn(R * n * d, 2.0f)),
+        u(R * d), dw(w), dX(to_device(X)) {
+    hc_pre(w, cfg, X.data(), R, mix, u.data());
+  }
+  // cuda::hc_pre on the case (gates: its second stream, projected: its event).
+  void gpu(DeviceBuffer& pre, DeviceBuffer& post, DeviceBuffer& comb, DeviceBuffer& out, cudaStream_t s = nullptr,
+           cudaStream_t gates = nullptr, cudaEvent_t projected = nullptr) const {
+    cuda::hc_pre(dw.p, dX.as<float>(), R, n, d, cfg.hc_sinkhorn_iters, 1e-6f, 1e-6f, pre.as<float>(), post.as<float>(),
+                 comb.as<float>(), out.as<float>(), s, gates, projected);
+  }
+};
+
 TEST_P(CudaOpsMhc, HcPreMatchesCpu) {
   DSV4_REQUIRE_GPU();
   const auto [R, d] = GetParam();
-  const int64_t n = 4, n_out = (2 + n) * n;
-  const ModelConfig cfg = hc_config(n, d);
-  const HcWeights w = hc_weights(n_out, n * d, 3);
-  const std::vector<float> X = randn(R * n * d, 2.0f);
-  HcMix mix;
-  std::vector<float> u(R * d);
-  hc_pre(w, cfg, X.data(), R, mix, u.data());
-
-  DevHc dw(w);
-  DeviceBuffer dX = to_device(X), dpre = poisoned<float>(R * n), dpost = poisoned<float>(R * n),
-               dcomb = poisoned<float>(R * n * n), du = poisoned<float>(R * d);
-  cuda::hc_pre(dw.p, dX.as<float>(), R, n, d, cfg.hc_sinkhorn_iters, 1e-6f, 1e-6f, dpre.as<float>(),
-               dpost.as<float>(), dcomb.as<float>(), du.as<float>(), nullptr);
-  EXPECT_LE(rel_error(to_host<float>(dpre, R * n), mix.pre), 1e-5);
-  EXPECT_LE(rel_error(to_host<float>(dpost, R * n), mix.post), 1e-5);
-  EXPECT_LE(rel_error(to_host<float>(dcomb, R * n * n), mix.comb), 1e-5);
-  EXPECT_LE(rel_error(to_host<float>(du, R * d), u), 1e-5);
+  const HcCase c(R, d);
+  const int64_t n = c.n;
+  DeviceBuffer dpre = poisoned<float>(R * n), dpost = poisoned<float>(R * n), dcomb = poisoned<float>(R * n * n),
+               du = poisoned<float>(R * d);
+  c.gpu(dpre, dpost, dcomb, du);
+  EXPECT_LE(rel_error(to_host<float>(dpre, R * n), c.mix.pre), 1e-5);
+  EXPECT_LE(rel_error(to_host<float>(dpost, R * n), c.mix.post), 1e-5);
+  EXPECT_LE(rel_error(to_host<float>(dcomb, R * n * n), c.mix.comb), 1e-5);
+  EXPECT_LE(rel_error(to_host<float>(du, R * d), c.u), 1e-5);
 
   // The gates (pre / post / comb) on a second stream while the first mixes u: the same bits.
   cudaStream_t s = nullptr, gates = nullptr;
@@ -75,8 +91,7 @@ TEST_P(CudaOpsMhc, HcPreMatchesCpu) {
   ASSERT_EQ(cudaEventCreateWithFlags(&projected, cudaEventDisableTiming), cudaSuccess);
   DeviceBuffer spre = poisoned<float>(R * n), spost = poisoned<float>(R * n), scomb = poisoned<float>(R * n * n),
                su = poisoned<float>(R * d);
-  cuda::hc_pre(dw.p, dX.as<float>(), R, n, d, cfg.hc_sinkhorn_iters, 1e-6f, 1e-6f, spre.as<float>(), spost.as<float>(),
-               scomb.as<float>(), su.as<float>(), s, gates, projected);
+  c.gpu(spre, spost, scomb, su, s, gates, projected);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_EQ(to_host<float>(spre, R * n), to_host<float>(dpre, R * n));
   EXPECT_EQ(to_host<float>(spost, R * n), to_host<float>(dpost, R * n));
@@ -95,27 +110,18 @@ TEST_P(CudaOpsMhc, HcPreTf32ProjectionMatchesFmaForm) {
   DSV4_REQUIRE_GPU();
   const auto [R, d] = GetParam();
   if (R < 256) GTEST_SKIP() << "the tiled projection starts at 256 rows";
-  const int64_t n = 4, n_out = (2 + n) * n;
-  const ModelConfig cfg = hc_config(n, d);
-  const HcWeights w = hc_weights(n_out, n * d, 5);
-  const std::vector<float> X = randn(R * n * d, 2.0f);
-  HcMix mix;
-  std::vector<float> u(R * d);
-  hc_pre(w, cfg, X.data(), R, mix, u.data());
-  DevHc dw(w);
-  DeviceBuffer dX = to_device(X);
-  std::vector<float> out[2], pre[2];
+  const HcCase c(R, d);
+  const int64_t n = c.n;
+  std::vector<float> out[2];
   for (int tf32 = 0; tf32 < 2; ++tf32) {
     DeviceBuffer dpre = poisoned<float>(R * n), dpost = poisoned<float>(R * n), dcomb = poisoned<float>(R * n * n),
                  du = poisoned<float>(R * d);
     cuda::set_hc_project_tf32(tf32 == 1);
-    cuda::hc_pre(dw.p, dX.as<float>(), R, n, d, cfg.hc_sinkhorn_iters, 1e-6f, 1e-6f, dpre.as<float>(),
-                 dpost.as<float>(), dcomb.as<float>(), du.as<float>(), nullptr);
+    c.gpu(dpre, dpost, dcomb, du);
     out[tf32] = to_host<float>(du, R * d);
-    pre[tf32] = to_host<float>(dpre, R * n);
-    EXPECT_LE(rel_error(pre[tf32], mix.pre), 1e-5) << "tf32 " << tf32;
-    EXPECT_LE(rel_error(to_host<float>(dcomb, R * n * n), mix.comb), 1e-5) << "tf32 " << tf32;
-    EXPECT_LE(rel_error(out[tf32], u), 1e-5) << "tf32 " << tf32;
+    EXPECT_LE(rel_error(to_host<float>(dpre, R * n), c.mix.pre), 1e-5) << "tf32 " << tf32;
+    EXPECT_LE(rel_error(to_host<float>(dcomb, R * n * n), c.mix.comb), 1e-5) << "tf32 " << tf32;
+    EXPECT_LE(rel_error(out[tf32], c.u), 1e-5) << "tf32 " << tf32;
   }
   cuda::set_hc_project_tf32(true);
   EXPECT_LE(rel_error(out[1], out[0]), 4e-6);
