@@ -303,7 +303,12 @@ TEST(CudaMoe, SpecialScaleBytesDecodeExactly) {
         g.push_back(got[i]);
         r.push_back(ref[i]);
       }
-    EXPECT_LE(rel_error(g, r), 1e-2);
+    // The CPU twin also rounds h to FP8; where the GPU's h sits on the other side of a rounding
+    // boundary one of a sum's 128 terms moves by up to 1/16 of itself. The prefill tiles' h comes
+    // from the FP8 tensor core's 128-product sums (coarser than the decode tiles' 32), so more of
+    // the 768 codes of this 3-token case flip: 1.11e-2 was seen once against the decode tiles'
+    // 1e-2 bound. A wrong table, row or scale is O(1).
+    EXPECT_LE(rel_error(g, r), mode == 2 ? 3e-2 : 1e-2);
   }
 }
 
