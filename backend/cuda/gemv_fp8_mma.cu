@@ -25,21 +25,28 @@
 namespace dsv4::cuda::detail {
 namespace {
 
+// Blocks [0, ctas0) compute output a, the rest output b (one launch for two weights on the same
+// activations: wq_a / wkv, the shared expert's gate / up).
 template <int RT, int KS, int NB>
 __global__ void __launch_bounds__(RT * KS * 32)
-    fp8_mma_gemv_kernel(DevWeight w, const uint8_t* __restrict__ xq, int64_t ldq, const float* __restrict__ xs,
-                        int64_t ldxs, int rows, float* __restrict__ y, int64_t row_begin, int64_t n, int64_t ldy,
-                        int64_t grp_rows, int64_t grp_x, bool prefetch) {
+    fp8_mma_gemv_kernel(GemvOut a, GemvOut b, unsigned ctas0, const uint8_t* __restrict__ xq, int64_t ldq,
+                        const float* __restrict__ xs, int64_t ldxs, int rows, bool prefetch) {
   __shared__ float red[RT][KS][NB * 4][32];
+  const bool second = blockIdx.x >= ctas0;
+  const GemvOut out = second ? b : a;
+  const DevWeight& w = out.w;
+  float* __restrict__ y = out.y;
+  const int64_t row_begin = out.row_begin, n = out.n, ldy = out.ldy, grp_rows = out.grp_rows, grp_x = out.grp_x;
+  const int64_t bx = second ? blockIdx.x - ctas0 : blockIdx.x;
   pdl_trigger();  // a GEMV on the same activations right after this one may start its prefetch
   if (prefetch) {  // the CTA's weight rows into L2 while the activations are still being quantised (pdl.cuh)
-    const int64_t first = static_cast<int64_t>(blockIdx.x) * RT * 16, count = min(int64_t(RT * 16), n - first);
+    const int64_t first = bx * RT * 16, count = min(int64_t(RT * 16), n - first);
     prefetch_l2(w.data + (row_begin + first) * w.in, count * w.in);
   }
   pdl_wait();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
   const int tile = warp / KS, ks = warp % KS;
-  const int64_t t0 = (static_cast<int64_t>(blockIdx.x) * RT + tile) * 16, o0 = row_begin + t0;
+  const int64_t t0 = (bx * RT + tile) * 16, o0 = row_begin + t0;
   const int64_t xoff = (t0 / grp_rows) * grp_x, K = w.in, nkb = t0 < n ? K / 128 : 0;  // past n: no work
   const int64_t kb0 = ks * nkb / KS, kb1 = (ks + 1) * nkb / KS;
   const uint8_t* pa = w.data + (o0 + g) * K + 16 * q;
@@ -117,17 +124,51 @@ int k_slices(int64_t tiles, int64_t nkb) {
 }
 
 template <int RT, int KS, int NB>
-void launch(const DevWeight& w, const uint8_t* xq, int64_t ldq, const float* xs, int64_t ldxs, int rows, float* y,
-            int64_t row_begin, int64_t n, int64_t ldy, int64_t grp_rows, int64_t grp_x, cudaStream_t s) {
+void launch(const GemvOut& a, const GemvOut* b, const uint8_t* xq, int64_t ldq, const float* xs, int64_t ldxs, int rows,
+            cudaStream_t s) {
   // DSV4_GEMV_PREFETCH=0: no L2 prefetch of the CTA's rows (an A/B switch: the expert kernels'
   // row prefetch outran L2 and read 1.4x their bytes from DRAM, bench/NOTES.md step 10).
   static const bool prefetch = [] {
     const char* env = std::getenv("DSV4_GEMV_PREFETCH");
     return !(env && env[0] == '0');
   }();
-  const unsigned ctas = static_cast<unsigned>(ceil_div(n / 16, int64_t(RT)));
-  launch_dependent(fp8_mma_gemv_kernel<RT, KS, NB>, dim3(ctas), dim3(RT * KS * 32), 0, s, w, xq, ldq, xs, ldxs, rows, y,
-                   row_begin, n, ldy, grp_rows, grp_x, prefetch);
+  const unsigned ctas0 = static_cast<unsigned>(ceil_div(a.n / 16, int64_t(RT)));
+  const unsigned ctas = ctas0 + (b ? static_cast<unsigned>(ceil_div(b->n / 16, int64_t(RT))) : 0u);
+  launch_dependent(fp8_mma_gemv_kernel<RT, KS, NB>, dim3(ctas), dim3(RT * KS * 32), 0, s, a, b ? *b : a, ctas0, xq, ldq,
+                   xs, ldxs, rows, prefetch);
+}
+
+// The kernel shape for an output: RT x KS = 8 or 16 warps (16 slices of one tile for small
+// matrices, 4 tiles of 2 for wq_b) and NB 8-row activation blocks per warp (four need 176
+// registers, so at most 8 warps, 256 threads). As ks * 8 + nb.
+int shape_of(const GemvOut& o, int rows) {
+  const int nb = rows <= 8 ? 1 : rows <= 16 ? 2 : 4;
+  const int ks = std::min(k_slices(o.n / 16, o.w.in / 128), nb == 4 ? 8 : 16);
+  return ks * 8 + nb;
+}
+
+void check_out(const GemvOut& o, int64_t ldq) {
+  DSV4_CHECK(fp8_mma_gemv_ok(o.w, o.row_begin, o.n, o.grp_rows) && ldq % 16 == 0 && o.grp_x % 128 == 0,
+             "fp8_mma_gemv: unsupported shape");
+}
+
+// One launch of a (and b, when given: the same shape) on the codes xq / scales xs.
+void dispatch(const GemvOut& a, const GemvOut* b, const uint8_t* xq, int64_t ldq, const float* xs, int64_t ldxs,
+              int rows, cudaStream_t s) {
+  DSV4_CHECK(rows >= 1 && rows <= kMmaGemvMaxRows, "fp8_mma_gemv: 1..", kMmaGemvMaxRows, " rows");
+  switch (shape_of(a, rows)) {
+#define DSV4_GEMV_CASE(KS_, RT_, NB_) \
+  case KS_ * 8 + NB_: launch<RT_, KS_, NB_>(a, b, xq, ldq, xs, ldxs, rows, s); break;
+#define DSV4_GEMV_CASES(NB_) \
+  DSV4_GEMV_CASE(16, 1, NB_) DSV4_GEMV_CASE(8, 1, NB_) DSV4_GEMV_CASE(4, 2, NB_) DSV4_GEMV_CASE(2, 4, NB_)
+    DSV4_GEMV_CASES(1)
+    DSV4_GEMV_CASES(2)
+    DSV4_GEMV_CASE(8, 1, 4) DSV4_GEMV_CASE(4, 2, 4) DSV4_GEMV_CASE(2, 4, 4)
+#undef DSV4_GEMV_CASES
+#undef DSV4_GEMV_CASE
+    default: DSV4_CHECK(false, "fp8_mma_gemv: no kernel for ", rows, " rows");
+  }
+  DSV4_CUDA_LAUNCH_CHECK();
 }
 
 }  // namespace
@@ -139,26 +180,18 @@ bool fp8_mma_gemv_ok(const DevWeight& w, int64_t row_begin, int64_t n, int64_t g
 
 void fp8_mma_gemv(const DevWeight& w, const uint8_t* xq, int64_t ldq, const float* xs, int64_t ldxs, int rows, float* y,
                   int64_t row_begin, int64_t n, int64_t ldy, int64_t grp_rows, int64_t grp_x, cudaStream_t s) {
-  DSV4_CHECK(rows >= 1 && rows <= kMmaGemvMaxRows, "fp8_mma_gemv: 1..", kMmaGemvMaxRows, " rows");
-  DSV4_CHECK(fp8_mma_gemv_ok(w, row_begin, n, grp_rows) && ldq % 16 == 0 && grp_x % 128 == 0,
-             "fp8_mma_gemv: unsupported shape");
-  // RT x KS = 8 or 16 warps: 16 slices of one tile for small matrices, 4 tiles of 2 for wq_b.
-  // 8-row activation blocks per warp; four need 176 registers, so at most 8 warps (256 threads).
-  const int nb = rows <= 8 ? 1 : rows <= 16 ? 2 : 4;
-  const int ks = std::min(k_slices(n / 16, w.in / 128), nb == 4 ? 8 : 16);
-  switch (ks * 8 + nb) {
-#define DSV4_GEMV_CASE(KS_, RT_, NB_) \
-  case KS_ * 8 + NB_: launch<RT_, KS_, NB_>(w, xq, ldq, xs, ldxs, rows, y, row_begin, n, ldy, grp_rows, grp_x, s); break;
-#define DSV4_GEMV_CASES(NB_) \
-  DSV4_GEMV_CASE(16, 1, NB_) DSV4_GEMV_CASE(8, 1, NB_) DSV4_GEMV_CASE(4, 2, NB_) DSV4_GEMV_CASE(2, 4, NB_)
-    DSV4_GEMV_CASES(1)
-    DSV4_GEMV_CASES(2)
-    DSV4_GEMV_CASE(8, 1, 4) DSV4_GEMV_CASE(4, 2, 4) DSV4_GEMV_CASE(2, 4, 4)
-#undef DSV4_GEMV_CASES
-#undef DSV4_GEMV_CASE
-    default: DSV4_CHECK(false, "fp8_mma_gemv: no kernel for ", rows, " rows");
-  }
-  DSV4_CUDA_LAUNCH_CHECK();
+  const GemvOut o{w, y, row_begin, n, ldy, grp_rows, grp_x};
+  check_out(o, ldq);
+  dispatch(o, nullptr, xq, ldq, xs, ldxs, rows, s);
+}
+
+void fp8_mma_gemv_pair(const GemvOut& a, const GemvOut& b, const uint8_t* xq, int64_t ldq, const float* xs, int64_t ldxs,
+                       int rows, cudaStream_t s) {
+  check_out(a, ldq);
+  check_out(b, ldq);
+  if (shape_of(a, rows) == shape_of(b, rows) && a.w.in == b.w.in) return dispatch(a, &b, xq, ldq, xs, ldxs, rows, s);
+  dispatch(a, nullptr, xq, ldq, xs, ldxs, rows, s);  // another shape: other sums, so two launches
+  dispatch(b, nullptr, xq, ldq, xs, ldxs, rows, s);
 }
 
 }  // namespace dsv4::cuda::detail

@@ -18,4 +18,17 @@ bool fp8_mma_gemv_ok(const DevWeight& w, int64_t row_begin, int64_t n, int64_t g
 void fp8_mma_gemv(const DevWeight& w, const uint8_t* xq, int64_t ldq, const float* xs, int64_t ldxs, int rows, float* y,
                   int64_t row_begin, int64_t n, int64_t ldy, int64_t grp_rows, int64_t grp_x, cudaStream_t s);
 
+// One output of fp8_mma_gemv's contract.
+struct GemvOut {
+  DevWeight w;
+  float* y;
+  int64_t row_begin, n, ldy, grp_rows, grp_x;
+};
+// Two outputs on the same codes in one launch where both take the same kernel shape (each
+// output's bits as from its own fp8_mma_gemv; else two launches). At one row each launch pays a
+// fixed ~6 us (ramp, one round of loads, the slices' sum), so wq_a and wkv, launched one after
+// the other, paid it twice on the step's critical path.
+void fp8_mma_gemv_pair(const GemvOut& a, const GemvOut& b, const uint8_t* xq, int64_t ldq, const float* xs, int64_t ldxs,
+                       int rows, cudaStream_t s);
+
 }  // namespace dsv4::cuda::detail

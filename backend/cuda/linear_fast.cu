@@ -449,6 +449,18 @@ void FastLinear::run_shared_input(std::initializer_list<Output> outs, const floa
     return;
   }
   impl_->quantise_for_mma(x, rows, k, ldx, s);
+  // One launch for both where the shapes allow (fp8_mma_gemv_pair); DSV4_GEMV_PAIR=0: two (A/B).
+  static const bool pair = [] {
+    const char* e = std::getenv("DSV4_GEMV_PAIR");
+    return !(e && e[0] == '0');
+  }();
+  if (pair && outs.size() == 2) {
+    const Output &a = outs.begin()[0], &b = outs.begin()[1];
+    const uint8_t* xq = impl_->xq8.as<uint8_t>();
+    const detail::GemvOut ga{detail::dev_weight(*a.w), a.y, 0, a.w->out, a.ldy, a.w->out, 0};
+    const detail::GemvOut gb{detail::dev_weight(*b.w), b.y, 0, b.w->out, b.ldy, b.w->out, 0};
+    return detail::fp8_mma_gemv_pair(ga, gb, xq, k, impl_->xs8.as<float>(), rows, static_cast<int>(rows), s);
+  }
   for (const Output& o : outs) impl_->mma_on_quantised(*o.w, rows, o.y, 0, o.w->out, o.ldy, 1, s);
 }
 

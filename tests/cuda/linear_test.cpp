@@ -181,7 +181,8 @@ TEST(CudaLinear, Fp8MmaGemvMatchesExactOnQuantised) {
 }
 
 // Several weights on one input (wq_a / wkv): one quantisation for all at decode sizes, the same
-// bits as one run() per weight; at sizes past the tensor-core GEMV it is exactly that loop.
+// bits as one run() per weight; at sizes past the tensor-core GEMV it is exactly that loop. Two
+// weights of the same GEMV shape (here at every row count) also share one launch.
 TEST(CudaLinear, SharedInputMatchesSeparateRuns) {
   DSV4_REQUIRE_GPU();
   cuda::FastLinear fast;
