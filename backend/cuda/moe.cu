@@ -509,7 +509,9 @@ void dispatch_gemv(int fmt, int maxr, const DevWeight* tab, const Tile* tiles, c
 }  // namespace
 
 void MoeRunner::run(const ExpertSet& set, const float* x, int64_t R, const int32_t* experts, const float* weights,
-                    int64_t K, float limit, float* out, Precision p, cudaStream_t s, bool accumulate) {
+                    int64_t K, float limit, float* out, Precision p, cudaStream_t s, bool accumulate,
+                    RoutedRows* defer) {
+  if (defer) *defer = RoutedRows{};
   if (R <= 0) return;
   if (K <= 0) {  // no experts per token: the sum is zero
     if (!accumulate) DSV4_CUDA_CHECK(cudaMemsetAsync(out, 0, static_cast<size_t>(R * set.d) * sizeof(float), s));
@@ -530,7 +532,7 @@ void MoeRunner::run(const ExpertSet& set, const float* x, int64_t R, const int32
   const auto tiles_for = [&](int64_t np, int t) { return (np + t - 1) / t + std::min<int64_t>(E, np); };
   const bool mma = p == Precision::Fast && tb.mma;
   if (mma && tiles_for(pairs, kMmaTileTokens) >= 65536 && R > 1) {  // the grid's y extent: split the rows
-    const int64_t h = R / 2;
+    const int64_t h = R / 2;  // (each half reuses Y: combined here, never deferred)
     run(set, x, h, experts, weights, K, limit, out, p, s, accumulate);
     run(set, x + h * d, R - h, experts + h * K, weights + h * K, K, limit, out + h * d, p, s, accumulate);
     return;
@@ -550,6 +552,14 @@ void MoeRunner::run(const ExpertSet& set, const float* x, int64_t R, const int32
   const unsigned max_tiles = static_cast<unsigned>(tiles_for(pairs, T));
   DSV4_CHECK(max_tiles < 65536u, "MoeRunner: tile grid too large (R too big for one call)");
 
+  // The weighted sum of the pairs' rows Y: into out, or left to the caller (defer, !accumulate).
+  const auto finish = [&](const float* Y) {
+    if (defer && !accumulate) {
+      *defer = RoutedRows{Y, experts, weights, static_cast<int>(K), E};
+      return;
+    }
+    combine(Y, experts, weights, R, static_cast<int>(K), E, d, accumulate, out, s);
+  };
   grow(m.slot_pair, pairs * sizeof(int32_t));
   grow(m.tiles, max_tiles * sizeof(Tile));
   grow(m.n_tiles, sizeof(int32_t));
@@ -580,7 +590,7 @@ void MoeRunner::run(const ExpertSet& set, const float* x, int64_t R, const int32
     fp8_wide_gateup(tab, tiles, nt, max_tiles, sp, static_cast<int>(K), xq, xs, R, R, d, I, limit, H, s);
     act_quant_fp8_wgmma_b(H, pairs, I, I, hq, I, hs, s);
     fp8_wide_down(tab, tiles, nt, max_tiles, sp, hq, hs, pairs, pairs, d, I, Y, s);
-    combine(Y, experts, weights, R, static_cast<int>(K), E, d, accumulate, out, s);
+    finish(Y);
     return;
   }
   if (wgmma) {
@@ -591,7 +601,7 @@ void MoeRunner::run(const ExpertSet& set, const float* x, int64_t R, const int32
     wgmma_gateup(T, tab, tiles, nt, max_tiles, sp, static_cast<int>(K), xb, R, d, I, limit, H, s);
     act_quant_bf16_wgmma(H, pairs, I, I, hb, I, s);
     wgmma_down(T, tab, tiles, nt, max_tiles, sp, hb, pairs, d, I, Y, s);
-    combine(Y, experts, weights, R, static_cast<int>(K), E, d, accumulate, out, s);
+    finish(Y);
     return;
   }
   if (mma) {
@@ -617,7 +627,7 @@ void MoeRunner::run(const ExpertSet& set, const float* x, int64_t R, const int32
       fp8_decode_down(T, tab, tiles, nt, max_tiles, sp, hq, hs, pairs, d, I, Y, s);
     else
       mma_down(tab, tb.packed, tiles, nt, max_tiles, sp, hq, hs, pairs, d, I, Y, s);
-    combine(Y, experts, weights, R, static_cast<int>(K), E, d, accumulate, out, s);
+    finish(Y);
     return;
   }
 
@@ -657,7 +667,7 @@ void MoeRunner::run(const ExpertSet& set, const float* x, int64_t R, const int32
     down_tile<<<g2, kTileThreads, 0, s>>>(tab, tiles, nt, sp, G, d, I, Y);
     DSV4_CUDA_LAUNCH_CHECK();
   }
-  combine(Y, experts, weights, R, static_cast<int>(K), E, d, accumulate, out, s);
+  finish(Y);
 }
 
 }  // namespace dsv4::cuda

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backend/cuda/linear.h"
+#include "backend/cuda/ops.h"
 #include "backend/weight_view.h"
 
 namespace dsv4::cuda {
@@ -60,8 +61,11 @@ class MoeRunner {
   // out [R, d] += Σ_k weights[r,k] · expert_{experts[r,k]}(x[r]) with clamped SwiGLU (limit <= 0: none);
   // accumulate = false: out = the sum (out need not be initialised).
   // experts/weights [R, K] are device arrays (from moe_route).
+  // defer (with accumulate = false): where the call runs as one pass, the weighted sum is left
+  // to the caller — *defer gets the pairs' rows (valid until the next run) and out is not
+  // written (cuda::hc_post makes the sum); else defer->Y is nullptr and out holds the sum.
   void run(const ExpertSet& set, const float* x, int64_t R, const int32_t* experts, const float* weights, int64_t K,
-           float limit, float* out, Precision p, cudaStream_t s, bool accumulate = true);
+           float limit, float* out, Precision p, cudaStream_t s, bool accumulate = true, RoutedRows* defer = nullptr);
   // Re-lays FP4 experts in place for the tensor-core path (16-byte loads per mma thread; see
   // moe_tiles.cuh). After it the set runs only in Fast precision (run() with Exact is an
   // error) and every batch size takes the tensor-core kernels. False (nothing changed) when the

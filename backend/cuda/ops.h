@@ -49,10 +49,20 @@ void hc_pre(const HcParams& p, const float* X, int64_t R, int64_t n, int64_t d, 
             float rms_eps, float* pre, float* post, float* comb, float* u, cudaStream_t s,
             cudaStream_t gates_s = nullptr, cudaEvent_t projected = nullptr, const float* norm_w = nullptr,
             float norm_eps = 0.f);
+// The routed experts' outputs before their weighted sum (MoeRunner::run with `defer`): row r's
+// sum is Σ_k weights[r K + k] Y[r K + k] over k with experts[r K + k] in [0, E), in k order.
+struct RoutedRows {
+  const float* Y = nullptr;  // [R K, d]
+  const int32_t* experts = nullptr;
+  const float* weights = nullptr;
+  int K = 0, E = 0;
+};
 // X'[k] = post_k F + Σ_j comb[j][k] X[j], in place; F2 (optional) is added to F first (the
-// routed experts' sum beside the shared expert's output: F + F2 is the sub-layer output).
+// routed experts' sum beside the shared expert's output: F + F2 is the sub-layer output), or
+// routed (optional, instead of F2): that sum is made here, the same floats as MoeRunner's
+// combine would have written into F2, without its launch and its [R, d] round trip.
 void hc_post(const float* post, const float* comb, const float* F, float* X, int64_t R, int64_t n, int64_t d,
-             cudaStream_t s, const float* F2 = nullptr);
+             cudaStream_t s, const float* F2 = nullptr, const RoutedRows* routed = nullptr);
 // h [R, d] = Σ_i (σ(scale·μ_i + base_i) + hc_eps) X_i.
 void hc_head(const HcParams& p, const float* X, int64_t R, int64_t n, int64_t d, float hc_eps, float rms_eps, float* h,
              cudaStream_t s);

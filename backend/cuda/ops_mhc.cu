@@ -297,8 +297,8 @@ __global__ void hc_head_finish_kernel(const float* X, const float* stash, int64_
 }
 
 template <int MAXN>
-__global__ void hc_post_kernel(const float* post, const float* comb, const float* F, const float* F2, float* X, int n,
-                               int64_t d4) {
+__global__ void hc_post_kernel(const float* post, const float* comb, const float* F, const float* F2, RoutedRows rt,
+                               float* X, int n, int64_t d4) {
   detail::pdl_trigger();  // the decode hc_pre after it may start its weight prefetch (pdl.cuh)
   const int64_t r = blockIdx.y, c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (c >= d4) return;
@@ -307,6 +307,19 @@ __global__ void hc_post_kernel(const float* post, const float* comb, const float
   if (F2) {  // the same sum the routed experts' combine made when it added into F
     const float4 g = reinterpret_cast<const float4*>(F2)[r * d4 + c];
     f = make_float4(f.x + g.x, f.y + g.y, f.z + g.z, f.w + g.w);
+  } else if (rt.Y) {  // that sum made here: combine_kernel<4>'s loop (moe.cu), the same floats
+    float g[4] = {};
+    for (int k = 0; k < rt.K; ++k) {
+      const int e = rt.experts[r * rt.K + k];
+      if (e < 0 || e >= rt.E) continue;
+      const float w = rt.weights[r * rt.K + k];
+      const float4 y = reinterpret_cast<const float4*>(rt.Y + (r * rt.K + k) * 4 * d4)[c];
+      g[0] += w * y.x;
+      g[1] += w * y.y;
+      g[2] += w * y.z;
+      g[3] += w * y.w;
+    }
+    f = make_float4(f.x + g[0], f.y + g[1], f.z + g[2], f.w + g[3]);
   }
   float4 old[MAXN];
 #pragma unroll
@@ -467,15 +480,24 @@ void hc_pre(const HcParams& p, const float* X, int64_t R, int64_t n, int64_t d, 
 void set_hc_project_tf32(bool on) { g_project_tf32 = on; }
 
 void hc_post(const float* post, const float* comb, const float* F, float* X, int64_t R, int64_t n, int64_t d,
-             cudaStream_t s, const float* F2) {
+             cudaStream_t s, const float* F2, const RoutedRows* routed) {
   DSV4_CHECK(d % 4 == 0 && n >= 1 && n <= 8, "cuda::hc_post: needs d % 4 == 0 and n <= 8");
+  DSV4_CHECK(!(F2 && routed), "cuda::hc_post: F2 or the routed rows, not both");
   if (R == 0) return;
   const int64_t d4 = d / 4;
   detail::for_row_ranges(R, [&](int64_t r0, int64_t rows) {
     const dim3 grid(static_cast<unsigned>(ceil_div(d4, 256)), static_cast<unsigned>(rows));
     const float* f2 = F2 ? F2 + r0 * d : nullptr;
+    RoutedRows rt{};
+    if (routed) {  // this range's rows
+      rt = *routed;
+      rt.Y += r0 * rt.K * d;
+      rt.experts += r0 * rt.K;
+      rt.weights += r0 * rt.K;
+    }
     auto* kernel = n <= 4 ? hc_post_kernel<4> : hc_post_kernel<8>;
-    kernel<<<grid, 256, 0, s>>>(post + r0 * n, comb + r0 * n * n, F + r0 * d, f2, X + r0 * n * d, static_cast<int>(n), d4);
+    kernel<<<grid, 256, 0, s>>>(post + r0 * n, comb + r0 * n * n, F + r0 * d, f2, rt, X + r0 * n * d,
+                                static_cast<int>(n), d4);
     DSV4_CUDA_LAUNCH_CHECK();
   });
 }

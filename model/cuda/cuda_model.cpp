@@ -75,6 +75,8 @@ CudaModel::CudaModel(const ModelWeights& w, cuda::Precision precision)
   moe_ = std::make_unique<cuda::MoeRunner>();
   const char* env = std::getenv("DSV4_CUDA_GRAPHS");
   graphs_on_ = !(env && std::string(env) == "0");
+  const char* ch = std::getenv("DSV4_COMBINE_IN_HC_POST");
+  combine_in_post_ = !(ch && std::string(ch) == "0");
   const char* br = std::getenv("DSV4_BRANCHES");
   branches_on_ = !(br && std::string(br) == "0");
   const char* ik = std::getenv("DSV4_INDEX_KEYS");
@@ -113,6 +115,14 @@ void CudaModel::set_branches(bool on) {
     graphs_.clear();  // captured with the other launch structure
   }
   branches_on_ = on;
+}
+
+void CudaModel::set_combine_in_hc_post(bool on) {
+  if (on != combine_in_post_) {
+    DSV4_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    graphs_.clear();  // captured with the other launches
+  }
+  combine_in_post_ = on;
 }
 
 void CudaModel::set_graphs(bool on) {
@@ -457,12 +467,14 @@ void CudaModel::run_layer(const DeviceLayer& L, size_t li, const float* rope, co
   cuda::moe_route(a.glog, L.gate_bias, L.tid2eid, a.tok, R, E, K, static_cast<float>(cfg.routed_scaling_factor),
                   a.experts, a.eweights, s);
   mark("router");
+  cuda::RoutedRows routed;  // the weighted sum over each row's experts: in hc_post (or into F2)
   moe_->run(L.experts, u, R, a.experts, a.eweights, K, static_cast<float>(cfg.swiglu_limit), a.F2, precision_, s,
-            /*accumulate=*/false);
+            /*accumulate=*/false, combine_in_post_ ? &routed : nullptr);
   mark("routed experts");
   br.join(kSharedSide);
   br.join(kGatesSide);
-  cuda::hc_post(a.post, a.comb, F, X, R, n, d, s, a.F2);  // F + F2: the sum the combine used to add into F
+  // F + the routed sum: the same floats as when the combine added into F.
+  cuda::hc_post(a.post, a.comb, F, X, R, n, d, s, routed.Y ? nullptr : a.F2, routed.Y ? &routed : nullptr);
   mark("hc_post");
 }
 

@@ -86,6 +86,11 @@ class CudaModel {
   // set_branches(false) or DSV4_BRANCHES=0; the outputs are the same bits either way.
   void set_branches(bool on);
   bool branches() const { return branches_on_; }
+  // The routed experts' weighted sum made inside hc_post instead of by its own combine kernel
+  // (one launch and an [R, d] round trip less a layer; same floats): on by default, off with
+  // set_combine_in_hc_post(false) or DSV4_COMBINE_IN_HC_POST=0. Takes effect at the next call
+  // (captured graphs are dropped).
+  void set_combine_in_hc_post(bool on);
 
  private:
   struct Workspace;
@@ -123,6 +128,7 @@ class CudaModel {
   std::unique_ptr<cuda::FastLinear> side_fast_[Branches::kSides];
   std::unique_ptr<Branches> branches_;
   bool branches_on_ = true;
+  bool combine_in_post_ = true;
   std::unique_ptr<cuda::MoeRunner> moe_;
   std::unique_ptr<Workspace> ws_;
   bool poison_ = false;
