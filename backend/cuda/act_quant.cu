@@ -116,6 +116,38 @@ __global__ void quant_kernel(const float* __restrict__ x, int64_t rows, int64_t 
   if (lane == 0) scales[kb * rows_pad + r] = s;
 }
 
+// rms_norm_kernel (ops_norm.cu, its float4 path: the same sum of squares in the same order, the
+// same block size, the same normalised floats, stored back into x), then quant_kernel<true> of
+// the normalised row (stored order, rows_pad = rows): warp w takes 128-blocks w, w + warps, ...
+__global__ void rms_norm_quant_kernel(float* __restrict__ x, const float* __restrict__ gamma, int64_t n, float eps,
+                                      int64_t rows, uint8_t* __restrict__ q, int64_t ldq, float* __restrict__ scales) {
+  detail::pdl_trigger();  // the GEMV after this one may start pulling its weights
+  __shared__ double red[32];
+  const int64_t r = blockIdx.x;
+  float* xr = x + r * n;
+  double ss = 0.0;
+  for (int64_t i = threadIdx.x; i < n / 4; i += blockDim.x) {
+    const float4 v = reinterpret_cast<const float4*>(xr)[i];
+    ss += double(v.x) * v.x + double(v.y) * v.y + double(v.z) * v.z + double(v.w) * v.w;
+  }
+  ss = detail::block_sum(ss, red);  // (its barriers order every read of x above before the writes below)
+  const float inv = 1.0f / sqrtf(static_cast<float>(ss / n) + eps);
+  const int lane = threadIdx.x & 31, warps = blockDim.x / 32;
+  for (int64_t kb = threadIdx.x / 32; kb < n / 128; kb += warps) {
+    float4 v = reinterpret_cast<const float4*>(xr + kb * 128)[lane];
+    const float4 g = gamma ? reinterpret_cast<const float4*>(gamma + kb * 128)[lane] : make_float4(1.f, 1.f, 1.f, 1.f);
+    v.x = g.x * (v.x * inv);
+    v.y = g.y * (v.y * inv);
+    v.z = g.z * (v.z * inv);
+    v.w = g.w * (v.w * inv);
+    reinterpret_cast<float4*>(xr + kb * 128)[lane] = v;
+    const float vals[4] = {v.x, v.y, v.z, v.w};
+    const float sc = block_scale(vals);
+    store_codes<true>(q, r, ldq, kb, n, 0, vals, sc);
+    if (lane == 0) scales[kb * rows + r] = sc;
+  }
+}
+
 // quant_kernel (no padding rows, stored order) after rotating the RoPE channels of each head
 // back in registers: a pair's two channels sit in lanes 2m, 2m + 1 (channel k and k ^ 1).
 // kRowTable (a row's blocks a multiple of the block's warps, pairs <= kMaxTablePairs): the block's
@@ -241,6 +273,16 @@ void act_quant_fp8(const float* x, int64_t rows, int64_t in, int64_t ldx, int64_
   kernel<<<blocks_for(rows_pad * kb), kWarps * 32, 0, s>>>(x, rows, in, ldx, rows_pad, q, ldq, scales, kb,
                                                            mma_packed ? 1 : 0);
   DSV4_CUDA_LAUNCH_CHECK();
+}
+
+bool act_quant_fp8_rms_norm(float* x, const float* gamma, float eps, int64_t rows, int64_t n, uint8_t* q, int64_t ldq,
+                            float* scales, cudaStream_t s) {
+  const auto al = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
+  if (rows <= 0 || n % 128 != 0 || ldq % 4 != 0 || !al(x) || (gamma && !al(gamma)) || !al(q)) return false;
+  rms_norm_quant_kernel<<<static_cast<unsigned>(rows), detail::row_threads(n), 0, s>>>(x, gamma, n, eps, rows, q, ldq,
+                                                                                    scales);
+  DSV4_CUDA_LAUNCH_CHECK();
+  return true;
 }
 
 void act_quant_fp8_wgmma_b(const float* x, int64_t rows, int64_t in, int64_t ldx, uint8_t* q, int64_t ldq,

@@ -18,6 +18,13 @@ namespace dsv4::cuda {
 void act_quant_fp8(const float* x, int64_t rows, int64_t in, int64_t ldx, int64_t rows_pad, uint8_t* q, int64_t ldq,
                    float* scales, cudaStream_t s, bool mma_packed = false);
 
+// rms_norm(x, gamma, eps) of rows of n contiguous channels, in place, then act_quant_fp8 of the
+// result (rows_pad = rows, stored order), in one launch: x, the codes and the scales bit for bit
+// as the two launches give. false (nothing enqueued) unless n % 128 == 0, ldq % 4 == 0 and
+// x, gamma, q are 16-byte aligned.
+bool act_quant_fp8_rms_norm(float* x, const float* gamma, float eps, int64_t rows, int64_t n, uint8_t* q, int64_t ldq,
+                            float* scales, cudaStream_t s);
+
 // act_quant_fp8 (rows_pad = rows) in the B-operand order of the FP8 wgmma expert kernels
 // (moe_wgmma_fp8.cu): value 32j + 8q + 2i + h of a block at 32j + 16h + 4q + i, so that each
 // 16-byte chunk is one row of a K-major core matrix. in % 128 == 0.

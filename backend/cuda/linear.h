@@ -47,6 +47,12 @@ class FastLinear {
     int64_t ldy;
   };
   void run_shared_input(std::initializer_list<Output> outs, const float* x, int64_t rows, int64_t ldx, cudaStream_t s);
+  // rms_norm(x, gamma, eps) in place (rows of w.in contiguous channels), quantised for w's
+  // tensor-core GEMV in the same launch; then run_quantised(w, ...) is run(w, x, ...) on the
+  // normed rows, bit for bit. false (nothing enqueued) where that GEMV does not take w at these
+  // rows: the caller norms and runs as usual. DSV4_NORM_QUANT=0 always answers false (A/B).
+  bool quantise_rms_norm(const WeightView& w, float* x, const float* gamma, float eps, int64_t rows, cudaStream_t s);
+  void run_quantised(const WeightView& w, int64_t rows, float* y, int64_t ldy, cudaStream_t s);
   // linear_exact_grouped's contract with this class's numerics (FP8 weights on big batches: one
   // quantisation of all groups, then one grouped GEMM, or one GEMM per group).
   void run_grouped(const WeightView& w, int64_t groups, const float* x, int64_t rows, float* y, int64_t ldx,

@@ -464,6 +464,22 @@ void FastLinear::run_shared_input(std::initializer_list<Output> outs, const floa
   for (const Output& o : outs) impl_->mma_on_quantised(*o.w, rows, o.y, 0, o.w->out, o.ldy, 1, s);
 }
 
+bool FastLinear::quantise_rms_norm(const WeightView& w, float* x, const float* gamma, float eps, int64_t rows,
+                                   cudaStream_t s) {
+  static const bool on = [] {
+    const char* e = std::getenv("DSV4_NORM_QUANT");
+    return !(e && e[0] == '0');
+  }();
+  if (!on || !mma_gemv_ || rows <= 0 || !impl_->mma_fp8_fits(w, rows, 0, w.out, 1)) return false;
+  grow(impl_->xq8, static_cast<size_t>(rows * w.in));
+  grow(impl_->xs8, static_cast<size_t>(rows * (w.in / 128)) * sizeof(float));
+  return act_quant_fp8_rms_norm(x, gamma, eps, rows, w.in, impl_->xq8.as<uint8_t>(), w.in, impl_->xs8.as<float>(), s);
+}
+
+void FastLinear::run_quantised(const WeightView& w, int64_t rows, float* y, int64_t ldy, cudaStream_t s) {
+  impl_->mma_on_quantised(w, rows, y, 0, w.out, ldy, 1, s);
+}
+
 void FastLinear::run_grouped(const WeightView& w, int64_t groups, const float* x, int64_t rows, float* y, int64_t ldx,
                              int64_t ldy, cudaStream_t s) {
   DSV4_CHECK(groups >= 1 && w.out % groups == 0, "FastLinear::run_grouped: ", w.out, " rows do not split in ", groups,

@@ -78,6 +78,10 @@ __device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf
 
 __host__ __device__ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// Threads of the one-block-per-row norm kernels (rms_norm, rms_norm_rope, the fused norm +
+// quantisation of act_quant.cu): their sums of squares run in the same order.
+inline int row_threads(int64_t n) { return n >= 1024 ? 256 : 128; }
+
 // Multiprocessor count of the current device (queried once): sizes split-K / split-KV grids.
 inline int sm_count() {
   static const int n = [] {

@@ -16,6 +16,7 @@ namespace dsv4::cuda {
 using detail::block_sum;
 using detail::ceil_div;
 using detail::rope_rotate;
+using detail::row_threads;
 
 namespace {
 
@@ -176,8 +177,6 @@ __global__ void ring_store_jobs_kernel(const RingJob* jobs) {
   float* dst = J.ring + (t % J.ring_rows) * J.width;
   for (int64_t c = threadIdx.x; c < J.width; c += blockDim.x) dst[c] = src[c];
 }
-
-int row_threads(int64_t n) { return n >= 1024 ? 256 : 128; }
 
 }  // namespace
 

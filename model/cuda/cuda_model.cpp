@@ -406,7 +406,11 @@ void CudaModel::run_layer(const DeviceLayer& L, size_t li, const float* rope, co
   }
   linear_shared_input({{&L.wq_a, qr, L.wq_a.out}, {&L.wkv, kv, L.wkv.out}}, u, R, d);  // one quantisation of u for both
   mark("wq_a+wkv");
-  cuda::rms_norm(qr, L.q_norm, qr, R, ql, eps, s);
+  // q_norm: with wq_b on the tensor-core GEMV, fused with its activation quantisation (the GEMV
+  // itself after the side forks below, which read the normed qr).
+  const bool wq_b_quantised =
+      precision_ == cuda::Precision::Fast && fast_->quantise_rms_norm(L.wq_b, qr, L.q_norm, eps, R, s);
+  if (!wq_b_quantised) cuda::rms_norm(qr, L.q_norm, qr, R, ql, eps, s);
   mark("norms");
   if (L.kind == AttnKind::CSA) {  // the indexer's query needs qr
     is = br.fork(kIndexerSide);
@@ -425,7 +429,10 @@ void CudaModel::run_layer(const DeviceLayer& L, size_t li, const float* rope, co
                         kv_format_ == cuda::KeyFormat::BF16 ? a.kv_store : nullptr);
     mark("kv norm+rope");
   }
-  linear(L.wq_b, qr, R, q);
+  if (wq_b_quantised)
+    fast_->run_quantised(L.wq_b, R, q, L.wq_b.out, s);
+  else
+    linear(L.wq_b, qr, R, q);
   mark("wq_b");
   cuda::rms_norm_rope(q, nullptr, R, H, D, eps, rope, P, a.pos, s, a.q_attn == q ? nullptr : a.q_attn);
   mark("q norm+rope");

@@ -203,6 +203,41 @@ TEST(CudaLinear, SharedInputMatchesSeparateRuns) {
   }
 }
 
+// q_norm fused into wq_b's activation quantisation (FastLinear::quantise_rms_norm, decode sizes):
+// the normed rows, the codes and so the outputs bit for bit as rms_norm then run(); false where
+// the tensor-core GEMV does not take the weight or the width is not whole 128-blocks.
+TEST(CudaLinear, RmsNormQuantisationMatchesNormThenRun) {
+  DSV4_REQUIRE_GPU();
+  cuda::FastLinear fast;
+  const float eps = 1e-6f;
+  for (int64_t in : {1024, 512}) {
+    TestWeight w = make_weight(Kind::FP8, 2048, in);
+    const std::vector<float> gamma = randn(static_cast<size_t>(in));
+    cuda::DeviceBuffer dg = cuda::to_device(gamma);
+    for (int64_t rows : {1, 3, 8}) {
+      for (const float* g : std::array<const float*, 2>{dg.as<float>(), nullptr}) {
+        const std::vector<float> x = randn(static_cast<size_t>(rows * in));
+        cuda::DeviceBuffer x1 = cuda::to_device(x), x2 = cuda::to_device(x);
+        cuda::DeviceBuffer y1(static_cast<size_t>(rows * 2048) * 4), y2(y1.bytes());
+        y1.fill_bytes(0xFF);
+        y2.fill_bytes(0xFF);
+        ASSERT_TRUE(fast.quantise_rms_norm(w.dev, x1.as<float>(), g, eps, rows, nullptr)) << "in " << in;
+        fast.run_quantised(w.dev, rows, y1.as<float>(), 2048, nullptr);
+        cuda::rms_norm(x2.as<float>(), g, x2.as<float>(), rows, in, eps, nullptr);
+        fast.run(w.dev, x2.as<float>(), rows, y2.as<float>(), 0, 2048, in, 2048, nullptr);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        EXPECT_EQ(cuda::to_host<float>(x1, rows * in), cuda::to_host<float>(x2, rows * in))
+            << "normed rows, in " << in << " rows " << rows;
+        EXPECT_EQ(cuda::to_host<float>(y1, rows * 2048), cuda::to_host<float>(y2, rows * 2048))
+            << "outputs, in " << in << " rows " << rows;
+      }
+    }
+  }
+  TestWeight odd = make_weight(Kind::FP8, 256, 320);  // 320 channels: not whole 128-blocks
+  cuda::DeviceBuffer xo(static_cast<size_t>(320) * 4);
+  EXPECT_FALSE(fast.quantise_rms_norm(odd.dev, xo.as<float>(), nullptr, eps, 1, nullptr));
+}
+
 // The CPU twin of a block-diagonal linear: per group g, its slice of x (rows of ldx; columns
 // [g k, (g + 1) k)), FP8-quantised as the Fast paths quantise it when `quantised`, then the
 // reference linear into output columns [g ng, (g + 1) ng) of rows of groups * ng.
