@@ -8,7 +8,9 @@
 // Measured (bench/NOTES.md, step 3): kernel time unchanged against one tile of 8 slices for
 // every shape — small matrices pay a fixed ~8 us per launch (ramp, one dependent round of
 // loads, the reduction) and wq_b streams at ~2.2 TB/s either way; the time that was won at
-// decode came from starting the kernel early (pdl.cuh). Each 32-long mma result is added to an
+// decode came from starting the kernel early (pdl.cuh). Step 18: what remained was grids of
+// 1.3-1.9 waves of resident CTAs (a register cap makes them one) and an L2 prefetch of each CTA's
+// rows that then cost more than it hid (now off). Each 32-long mma result is added to an
 // fp32 block sum, scaled by the weight's block scale and the activation's 1x128 scale; a tile's
 // K-slice partials are summed in slice order (deterministic).
 #include <cuda_runtime.h>
@@ -25,19 +27,17 @@
 namespace dsv4::cuda::detail {
 namespace {
 
-// Blocks [0, ctas0) compute output a, the rest output b (one launch for two weights on the same
-// activations: wq_a / wkv, the shared expert's gate / up).
+// One CTA's tiles of output o (CTA bx of that output). Inlined twice by the kernel below, once
+// per output, so that each copy reads its output's fields from the kernel's parameters: one
+// copy on a runtime-selected GemvOut held them in registers (1-row kernels 70 -> 104 registers,
+// 3 -> 2 CTAs per SM).
 template <int RT, int KS, int NB>
-__global__ void __launch_bounds__(RT * KS * 32)
-    fp8_mma_gemv_kernel(GemvOut a, GemvOut b, unsigned ctas0, const uint8_t* __restrict__ xq, int64_t ldq,
-                        const float* __restrict__ xs, int64_t ldxs, int rows, bool prefetch) {
-  __shared__ float red[RT][KS][NB * 4][32];
-  const bool second = blockIdx.x >= ctas0;
-  const GemvOut out = second ? b : a;
-  const DevWeight& w = out.w;
-  float* __restrict__ y = out.y;
-  const int64_t row_begin = out.row_begin, n = out.n, ldy = out.ldy, grp_rows = out.grp_rows, grp_x = out.grp_x;
-  const int64_t bx = second ? blockIdx.x - ctas0 : blockIdx.x;
+__device__ __forceinline__ void gemv_tiles(const GemvOut& o, int64_t bx, float (&red)[RT][KS][NB * 4][32],
+                                           const uint8_t* __restrict__ xq, int64_t ldq, const float* __restrict__ xs,
+                                           int64_t ldxs, int rows, bool prefetch) {
+  const DevWeight& w = o.w;
+  float* __restrict__ y = o.y;
+  const int64_t row_begin = o.row_begin, n = o.n, ldy = o.ldy, grp_rows = o.grp_rows, grp_x = o.grp_x;
   pdl_trigger();  // a GEMV on the same activations right after this one may start its prefetch
   if (prefetch) {  // the CTA's weight rows into L2 while the activations are still being quantised (pdl.cuh)
     const int64_t first = bx * RT * 16, count = min(int64_t(RT * 16), n - first);
@@ -113,6 +113,21 @@ __global__ void __launch_bounds__(RT * KS * 32)
     }
 }
 
+// Blocks [0, ctas0) compute output a, the rest output b (one launch for two weights on the same
+// activations: wq_a / wkv, the shared expert's gate / up). MINB > 1 caps the registers at 64 per
+// thread so that MINB CTAs fit an SM (launch()).
+// MINB 0 leaves the bound open (an explicit 1 let ptxas take 104 registers, not 70).
+template <int RT, int KS, int NB, int MINB>
+__global__ void __launch_bounds__(RT * KS * 32, MINB)
+    fp8_mma_gemv_kernel(GemvOut a, GemvOut b, unsigned ctas0, const uint8_t* __restrict__ xq, int64_t ldq,
+                        const float* __restrict__ xs, int64_t ldxs, int rows, bool prefetch) {
+  __shared__ float red[RT][KS][NB * 4][32];
+  if (blockIdx.x < ctas0)
+    gemv_tiles<RT, KS, NB>(a, blockIdx.x, red, xq, ldq, xs, ldxs, rows, prefetch);
+  else
+    gemv_tiles<RT, KS, NB>(b, blockIdx.x - ctas0, red, xq, ldq, xs, ldxs, rows, prefetch);
+}
+
 // K slices per tile: enough warps over the whole matrix to cover ~half the GPU's warp slots,
 // each with at least two 128-blocks (one unrolled iteration of loads in flight), at most 16.
 int k_slices(int64_t tiles, int64_t nkb) {
@@ -126,16 +141,43 @@ int k_slices(int64_t tiles, int64_t nkb) {
 template <int RT, int KS, int NB>
 void launch(const GemvOut& a, const GemvOut* b, const uint8_t* xq, int64_t ldq, const float* xs, int64_t ldxs, int rows,
             cudaStream_t s) {
-  // DSV4_GEMV_PREFETCH=0: no L2 prefetch of the CTA's rows (an A/B switch: the expert kernels'
-  // row prefetch outran L2 and read 1.4x their bytes from DRAM, bench/NOTES.md step 10).
+  // DSV4_GEMV_PREFETCH=1: each CTA asks L2 for its rows before its PDL wait. Off by default since
+  // step 18: with the grids in one wave of resident CTAs, a batch-1 step was 50 us faster without
+  // it (1.887-1.899 vs 1.941-1.952 ms); the expert kernels' row prefetch had already outrun L2
+  // (read 1.4x their bytes from DRAM, bench/NOTES.md step 10).
   static const bool prefetch = [] {
     const char* env = std::getenv("DSV4_GEMV_PREFETCH");
+    return env && env[0] == '1';
+  }();
+  // The 1-row kernels capped at 64 registers (48-128 bytes of spills) so that 4 CTAs of 8 warps
+  // or 2 of 16 fit an SM instead of 3 or 1 (at 70): wq_b / wo_a (512 CTAs) and wo_b (256) run in
+  // one wave of resident CTAs instead of 1.3-1.9 (b1 -15..24 us, bench/NOTES.md step 18).
+  // DSV4_GEMV_REGCAP=0 keeps 70.
+  static const bool regcap = [] {
+    const char* env = std::getenv("DSV4_GEMV_REGCAP");
     return !(env && env[0] == '0');
   }();
+  constexpr int kCapBlocks = 32 / (RT * KS);  // 64 registers x 32 warps = the SM's 64K
+  auto kernel = fp8_mma_gemv_kernel<RT, KS, NB, 0>;
+  if constexpr (NB == 1)
+    if (regcap) kernel = fp8_mma_gemv_kernel<RT, KS, NB, kCapBlocks>;
+  const int threads = RT * KS * 32;
+  static const int64_t resident = [&] {  // CTAs of this kernel the GPU holds at once
+    int per_sm = 0;
+    DSV4_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0));
+    return int64_t(std::max(per_sm, 1)) * sm_count();
+  }();
   const unsigned ctas0 = static_cast<unsigned>(ceil_div(a.n / 16, int64_t(RT)));
-  const unsigned ctas = ctas0 + (b ? static_cast<unsigned>(ceil_div(b->n / 16, int64_t(RT))) : 0u);
-  launch_dependent(fp8_mma_gemv_kernel<RT, KS, NB>, dim3(ctas), dim3(RT * KS * 32), 0, s, a, b ? *b : a, ctas0, xq, ldq,
-                   xs, ldxs, rows, prefetch);
+  const unsigned ctas1 = b ? static_cast<unsigned>(ceil_div(b->n / 16, int64_t(RT))) : 0u;
+  if (b && ctas0 + ctas1 > resident && ctas0 <= resident) {
+    // Together the pair would take another wave (the shared expert's gate / up at 16 rows: 256
+    // CTAs at 1 per SM): one launch each, the same sums.
+    launch_dependent(kernel, dim3(ctas0), dim3(threads), 0, s, a, a, ctas0, xq, ldq, xs, ldxs, rows, prefetch);
+    launch_dependent(kernel, dim3(ctas1), dim3(threads), 0, s, *b, *b, ctas1, xq, ldq, xs, ldxs, rows, prefetch);
+    return;
+  }
+  launch_dependent(kernel, dim3(ctas0 + ctas1), dim3(threads), 0, s, a, b ? *b : a, ctas0, xq, ldq, xs, ldxs, rows,
+                   prefetch);
 }
 
 // The kernel shape for an output: RT x KS = 8 or 16 warps (16 slices of one tile for small
