@@ -9,8 +9,8 @@
 // every shape — small matrices pay a fixed ~8 us per launch (ramp, one dependent round of
 // loads, the reduction) and wq_b streams at ~2.2 TB/s either way; the time that was won at
 // decode came from starting the kernel early (pdl.cuh). Step 18: what remained was grids of
-// 1.3-1.9 waves of resident CTAs (a register cap makes them one) and an L2 prefetch of each CTA's
-// rows that then cost more than it hid (now off). Each 32-long mma result is added to an
+// 1.3-1.9 waves of resident CTAs (wider CTAs make them one, launch()) and an L2 prefetch of each
+// CTA's rows that then cost more than it hid (now off). Each 32-long mma result is added to an
 // fp32 block sum, scaled by the weight's block scale and the activation's 1x128 scale; a tile's
 // K-slice partials are summed in slice order (deterministic).
 #include <cuda_runtime.h>
@@ -142,20 +142,21 @@ template <int RT, int KS, int NB>
 void launch(const GemvOut& a, const GemvOut* b, const uint8_t* xq, int64_t ldq, const float* xs, int64_t ldxs, int rows,
             cudaStream_t s) {
   // DSV4_GEMV_PREFETCH=1: each CTA asks L2 for its rows before its PDL wait. Off by default since
-  // step 18: with the grids in one wave of resident CTAs, a batch-1 step was 50 us faster without
+  // step 18: with the grids in one wave of resident CTAs (by the register cap, below), a batch-1
+  // step was 50 us faster without
   // it (1.887-1.899 vs 1.941-1.952 ms); the expert kernels' row prefetch had already outrun L2
   // (read 1.4x their bytes from DRAM, bench/NOTES.md step 10).
   static const bool prefetch = [] {
     const char* env = std::getenv("DSV4_GEMV_PREFETCH");
     return env && env[0] == '1';
   }();
-  // The 1-row kernels capped at 64 registers (48-128 bytes of spills) so that 4 CTAs of 8 warps
-  // or 2 of 16 fit an SM instead of 3 or 1 (at 70): wq_b / wo_a (512 CTAs) and wo_b (256) run in
-  // one wave of resident CTAs instead of 1.3-1.9 (b1 -15..24 us, bench/NOTES.md step 18).
-  // DSV4_GEMV_REGCAP=0 keeps 70.
+  // DSV4_GEMV_REGCAP=1: the 1-row kernels capped at 64 registers (48-128 bytes of spills) so that
+  // 4 CTAs of 8 warps or 2 of 16 fit an SM instead of 3 or 1 (at 70). It put wq_b / wo_a / wo_b
+  // in one wave (b1 -15..24 us) but the wave rule below does so without spills and gained 50 us
+  // more (bench/NOTES.md step 18), so it is off by default.
   static const bool regcap = [] {
     const char* env = std::getenv("DSV4_GEMV_REGCAP");
-    return !(env && env[0] == '0');
+    return env && env[0] == '1';
   }();
   constexpr int kCapBlocks = 32 / (RT * KS);  // 64 registers x 32 warps = the SM's 64K
   auto kernel = fp8_mma_gemv_kernel<RT, KS, NB, 0>;
@@ -169,6 +170,18 @@ void launch(const GemvOut& a, const GemvOut* b, const uint8_t* xq, int64_t ldq, 
   }();
   const unsigned ctas0 = static_cast<unsigned>(ceil_div(a.n / 16, int64_t(RT)));
   const unsigned ctas1 = b ? static_cast<unsigned>(ceil_div(b->n / 16, int64_t(RT))) : 0u;
+  if constexpr (NB <= 2 && KS > 1 && RT * 2 <= 8) {
+    // A grid past one wave of resident CTAs takes twice the tiles per CTA and half the K slices
+    // per tile (other sums, the same for every call) until it fits: at 1 row wq_b / wo_a (512
+    // CTAs at 3 per SM) and wo_b (256 at 1), at 16 rows the same at 2 / 2 / 1 per SM. The last
+    // partial wave left most SMs idle at the end of each 32 MB GEMV: b1 1.880-1.888 -> 1.832-1.834
+    // ms (step 18, against the register cap). DSV4_GEMV_WAVEFIT=0 keeps the first shape.
+    static const bool wavefit = [] {
+      const char* env = std::getenv("DSV4_GEMV_WAVEFIT");
+      return !(env && env[0] == '0');
+    }();
+    if (wavefit && ctas0 + ctas1 > resident) return launch<RT * 2, KS / 2, NB>(a, b, xq, ldq, xs, ldxs, rows, s);
+  }
   if (b && ctas0 + ctas1 > resident && ctas0 <= resident) {
     // Together the pair would take another wave (the shared expert's gate / up at 16 rows: 256
     // CTAs at 1 per SM): one launch each, the same sums.

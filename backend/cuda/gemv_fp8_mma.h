@@ -24,8 +24,11 @@ struct GemvOut {
   float* y;
   int64_t row_begin, n, ldy, grp_rows, grp_x;
 };
-// Two outputs on the same codes in one launch where both take the same kernel shape (each
-// output's bits as from its own fp8_mma_gemv; else two launches). At one row each launch pays a
+// Two outputs on the same codes in one launch where both take the same kernel shape (else two
+// launches). Each output's bits are those of its own fp8_mma_gemv unless the pair's grid alone
+// passes one wave of resident CTAs and is widened for it (the shared expert's gate / up at one
+// row: one launch of 2-tile CTAs where each alone takes 1-tile CTAs; deterministic either way,
+// DSV4_GEMV_PAIR=0 gives the solo sums). At one row each launch pays a
 // fixed ~6 us (ramp, one round of loads, the slices' sum), so wq_a and wkv, launched one after
 // the other, paid it twice on the step's critical path.
 void fp8_mma_gemv_pair(const GemvOut& a, const GemvOut& b, const uint8_t* xq, int64_t ldq, const float* xs, int64_t ldxs,
