@@ -24,6 +24,7 @@
 #include "backend/cuda/device.h"
 #include "backend/cuda/linear_kernels.cuh"
 #include "backend/cuda/moe.h"
+#include "backend/cuda/moe_route.cuh"
 #include "backend/cuda/moe_tiles.cuh"
 
 namespace dsv4::cuda {
@@ -48,8 +49,8 @@ __device__ __forceinline__ void block_scan(int* a) {
 
 // One block of 1024 threads, one per expert: counts, then scans of the slot and tile counts so
 // that each expert writes its own tiles (a serial loop over 256 experts took ~20 us a layer).
-__global__ void group_kernel(const int32_t* __restrict__ experts, int pairs, int E, int T,
-                             int32_t* __restrict__ slot_pair, Tile* __restrict__ tiles, int32_t* __restrict__ n_tiles) {
+__device__ __forceinline__ void group_pairs(const int32_t* experts, int pairs, int E, int T, int32_t* slot_pair,
+                                            Tile* tiles, int32_t* n_tiles) {
   __shared__ int cnt[kMaxExperts];
   __shared__ int slots[kMaxExperts];  // inclusive scan of counts
   __shared__ int ntile[kMaxExperts];  // inclusive scan of tile counts
@@ -77,6 +78,27 @@ __global__ void group_kernel(const int32_t* __restrict__ experts, int pairs, int
     const int x = experts[i];
     if (x >= 0 && x < E) slot_pair[atomicAdd(&cnt[x], 1)] = i;
   }
+}
+
+__global__ void group_kernel(const int32_t* __restrict__ experts, int pairs, int E, int T,
+                             int32_t* __restrict__ slot_pair, Tile* __restrict__ tiles, int32_t* __restrict__ n_tiles) {
+  group_pairs(experts, pairs, E, T, slot_pair, tiles, n_tiles);
+}
+
+constexpr int kRouteGroupMaxThreads = 512;  // = route_row's expert bound
+
+// The routing of R rows (moe_route's, one warp per row) and then their grouping, in one block:
+// one launch where the decode step had two. The block's own writes of experts are what it groups
+// (visible to it after the barrier). One thread per expert, E rounded up to whole warps (the
+// grouping works for any block size >= E): route_row's ~127 registers would not fit 1024 threads.
+__global__ void __launch_bounds__(kRouteGroupMaxThreads) route_group_kernel(MoeRoute route, int R, int K, int E, int T, int32_t* __restrict__ experts,
+                                   float* __restrict__ weights, int32_t* __restrict__ slot_pair,
+                                   Tile* __restrict__ tiles, int32_t* __restrict__ n_tiles) {
+  for (int r = threadIdx.x >> 5; r < R; r += blockDim.x >> 5)
+    detail::route_row(route.logits, route.bias, route.tid2eid, route.tokens, r, E, K, route.routed_scale, experts,
+                      weights);
+  __syncthreads();
+  group_pairs(experts, R * K, E, T, slot_pair, tiles, n_tiles);
 }
 
 template <int F, int R, bool VEC>
@@ -511,8 +533,30 @@ void dispatch_gemv(int fmt, int maxr, const DevWeight* tab, const Tile* tiles, c
 void MoeRunner::run(const ExpertSet& set, const float* x, int64_t R, const int32_t* experts, const float* weights,
                     int64_t K, float limit, float* out, Precision p, cudaStream_t s, bool accumulate,
                     RoutedRows* defer) {
+  run_impl(set, x, R, experts, weights, nullptr, K, limit, out, p, s, accumulate, defer);
+}
+
+void MoeRunner::run_routed(const ExpertSet& set, const float* x, int64_t R, const MoeRoute& route, int64_t K,
+                           float limit, float* out, Precision p, cudaStream_t s, bool accumulate, RoutedRows* defer) {
+  const int64_t E = static_cast<int64_t>(set.w1.size());
+  DSV4_CHECK(route.logits && route.experts && route.weights, "MoeRunner::run_routed: logits and outputs needed");
+  DSV4_CHECK(K >= 1 && K <= detail::kRouteMaxK && K <= E, "MoeRunner::run_routed: need 1 <= K <= min(E, ",
+             detail::kRouteMaxK, ")");
+  DSV4_CHECK(route.tid2eid ? route.tokens != nullptr : route.bias != nullptr,
+             "MoeRunner::run_routed: hash needs tokens, else a bias");
+  DSV4_CHECK(E <= 32 * detail::kRoutePerLane, "MoeRunner::run_routed: at most ", 32 * detail::kRoutePerLane,
+             " routed experts");
+  run_impl(set, x, R, route.experts, route.weights, &route, K, limit, out, p, s, accumulate, defer);
+}
+
+// run(); with `route`, experts / weights are its outputs, written first (in the grouping launch
+// where the call is one pass).
+void MoeRunner::run_impl(const ExpertSet& set, const float* x, int64_t R, const int32_t* experts,
+                         const float* weights, const MoeRoute* route, int64_t K, float limit, float* out, Precision p,
+                         cudaStream_t s, bool accumulate, RoutedRows* defer) {
   if (defer) *defer = RoutedRows{};
   if (R <= 0) return;
+  if (route && K <= 0) route = nullptr;  // nothing to route
   if (K <= 0) {  // no experts per token: the sum is zero
     if (!accumulate) DSV4_CUDA_CHECK(cudaMemsetAsync(out, 0, static_cast<size_t>(R * set.d) * sizeof(float), s));
     return;
@@ -531,6 +575,14 @@ void MoeRunner::run(const ExpertSet& set, const float* x, int64_t R, const int32
   const bool gemv = pairs <= 8ll * E;
   const auto tiles_for = [&](int64_t np, int t) { return (np + t - 1) / t + std::min<int64_t>(E, np); };
   const bool mma = p == Precision::Fast && tb.mma;
+  // Up to one row per warp of the grouping block (one warp per 32 experts) the routing runs
+  // there; more rows take moe_route's grid first (rows routed one after another by a few warps
+  // would lengthen the chain they are meant to shorten).
+  if (route && (R > (E + 31) / 32 || (mma && tiles_for(pairs, kMmaTileTokens) >= 65536))) {
+    moe_route(route->logits, route->bias, route->tid2eid, route->tokens, R, E, K, route->routed_scale, route->experts,
+              route->weights, s);
+    route = nullptr;
+  }
   if (mma && tiles_for(pairs, kMmaTileTokens) >= 65536 && R > 1) {  // the grid's y extent: split the rows
     const int64_t h = R / 2;  // (each half reuses Y: combined here, never deferred)
     run(set, x, h, experts, weights, K, limit, out, p, s, accumulate);
@@ -576,7 +628,11 @@ void MoeRunner::run(const ExpertSet& set, const float* x, int64_t R, const int32
     DSV4_CUDA_CHECK(cudaMemsetAsync(Y, 0xFF, pairs * d * sizeof(float), s));
   }
 
-  group_kernel<<<1, 1024, 0, s>>>(experts, static_cast<int>(pairs), E, T, sp, tiles, nt);
+  if (route)
+    route_group_kernel<<<1, (E + 31) / 32 * 32, 0, s>>>(*route, static_cast<int>(R), static_cast<int>(K), E, T,
+                                                         route->experts, route->weights, sp, tiles, nt);
+  else
+    group_kernel<<<1, 1024, 0, s>>>(experts, static_cast<int>(pairs), E, T, sp, tiles, nt);
   DSV4_CUDA_LAUNCH_CHECK();
 
   if (fp8_wide) {

@@ -54,6 +54,19 @@ constexpr int kMoeDecode16MinTokens = 4;
 constexpr int kMoeWgmmaMinTokens = 32;
 constexpr int kMoeWgmma128MinTokens = 64;
 
+// The router's selection made by MoeRunner::run itself, inside its grouping launch (one dependent
+// launch less per decode layer): cuda::moe_route's arguments; run() writes experts / weights
+// [R, K] as moe_route does.
+struct MoeRoute {
+  const float* logits = nullptr;   // [R, E]
+  const float* bias = nullptr;     // [E] (score layers)
+  const int32_t* tid2eid = nullptr;  // [vocab, K] (hash layers)
+  const int32_t* tokens = nullptr;   // [R] (hash layers)
+  float routed_scale = 1.f;
+  int32_t* experts = nullptr;
+  float* weights = nullptr;
+};
+
 class MoeRunner {
  public:
   MoeRunner();
@@ -66,6 +79,10 @@ class MoeRunner {
   // written (cuda::hc_post makes the sum); else defer->Y is nullptr and out holds the sum.
   void run(const ExpertSet& set, const float* x, int64_t R, const int32_t* experts, const float* weights, int64_t K,
            float limit, float* out, Precision p, cudaStream_t s, bool accumulate = true, RoutedRows* defer = nullptr);
+  // run() after the routing: route's experts / weights are written here first (in the grouping's
+  // launch up to one row per 32 experts, else by cuda::moe_route), the same values.
+  void run_routed(const ExpertSet& set, const float* x, int64_t R, const MoeRoute& route, int64_t K, float limit,
+                  float* out, Precision p, cudaStream_t s, bool accumulate = true, RoutedRows* defer = nullptr);
   // Re-lays FP4 experts in place for the tensor-core path (16-byte loads per mma thread; see
   // moe_tiles.cuh). After it the set runs only in Fast precision (run() with Exact is an
   // error) and every batch size takes the tensor-core kernels. False (nothing changed) when the
@@ -77,6 +94,9 @@ class MoeRunner {
   void set_poison_scratch(bool on);
 
  private:
+  void run_impl(const ExpertSet& set, const float* x, int64_t R, const int32_t* experts, const float* weights,
+                const MoeRoute* route, int64_t K, float limit, float* out, Precision p, cudaStream_t s, bool accumulate,
+                RoutedRows* defer);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -77,6 +77,8 @@ CudaModel::CudaModel(const ModelWeights& w, cuda::Precision precision)
   graphs_on_ = !(env && std::string(env) == "0");
   const char* ch = std::getenv("DSV4_COMBINE_IN_HC_POST");
   combine_in_post_ = !(ch && std::string(ch) == "0");
+  const char* rg = std::getenv("DSV4_ROUTE_IN_GROUP");
+  route_in_group_ = !(rg && std::string(rg) == "0");
   const char* br = std::getenv("DSV4_BRANCHES");
   branches_on_ = !(br && std::string(br) == "0");
   const char* ik = std::getenv("DSV4_INDEX_KEYS");
@@ -109,21 +111,18 @@ CudaModel::~CudaModel() {
   if (stream_) cudaStreamDestroy(stream_);
 }
 
-void CudaModel::set_branches(bool on) {
-  if (on != branches_on_) {
+// A switch of the launch structure: graphs captured with the other structure are dropped.
+void CudaModel::set_launch_switch(bool& flag, bool on) {
+  if (on != flag) {
     DSV4_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    graphs_.clear();  // captured with the other launch structure
+    graphs_.clear();
   }
-  branches_on_ = on;
+  flag = on;
 }
 
-void CudaModel::set_combine_in_hc_post(bool on) {
-  if (on != combine_in_post_) {
-    DSV4_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    graphs_.clear();  // captured with the other launches
-  }
-  combine_in_post_ = on;
-}
+void CudaModel::set_branches(bool on) { set_launch_switch(branches_on_, on); }
+void CudaModel::set_combine_in_hc_post(bool on) { set_launch_switch(combine_in_post_, on); }
+void CudaModel::set_route_in_group(bool on) { set_launch_switch(route_in_group_, on); }
 
 void CudaModel::set_graphs(bool on) {
   if (!on) {
@@ -471,12 +470,19 @@ void CudaModel::run_layer(const DeviceLayer& L, size_t li, const float* rope, co
   linear_on(xs, L.shared_w2, a.hbuf, R, F);
   mark("shared expert");
   linear(L.gate, u, R, a.glog);  // router: fp32 logits
-  cuda::moe_route(a.glog, L.gate_bias, L.tid2eid, a.tok, R, E, K, static_cast<float>(cfg.routed_scaling_factor),
-                  a.experts, a.eweights, s);
-  mark("router");
+  const float routed_scale = static_cast<float>(cfg.routed_scaling_factor), limit = static_cast<float>(cfg.swiglu_limit);
   cuda::RoutedRows routed;  // the weighted sum over each row's experts: in hc_post (or into F2)
-  moe_->run(L.experts, u, R, a.experts, a.eweights, K, static_cast<float>(cfg.swiglu_limit), a.F2, precision_, s,
-            /*accumulate=*/false, combine_in_post_ ? &routed : nullptr);
+  if (route_in_group_) {  // the selection inside the experts' grouping launch
+    mark("router");
+    const cuda::MoeRoute route{a.glog, L.gate_bias, L.tid2eid, a.tok, routed_scale, a.experts, a.eweights};
+    moe_->run_routed(L.experts, u, R, route, K, limit, a.F2, precision_, s, /*accumulate=*/false,
+                     combine_in_post_ ? &routed : nullptr);
+  } else {
+    cuda::moe_route(a.glog, L.gate_bias, L.tid2eid, a.tok, R, E, K, routed_scale, a.experts, a.eweights, s);
+    mark("router");
+    moe_->run(L.experts, u, R, a.experts, a.eweights, K, limit, a.F2, precision_, s, /*accumulate=*/false,
+              combine_in_post_ ? &routed : nullptr);
+  }
   mark("routed experts");
   br.join(kSharedSide);
   br.join(kGatesSide);

@@ -91,6 +91,10 @@ class CudaModel {
   // set_combine_in_hc_post(false) or DSV4_COMBINE_IN_HC_POST=0. Takes effect at the next call
   // (captured graphs are dropped).
   void set_combine_in_hc_post(bool on);
+  // The router's selection made in the routed experts' grouping launch (MoeRunner::run_routed;
+  // same experts and weights): on by default, off with set_route_in_group(false) or
+  // DSV4_ROUTE_IN_GROUP=0.
+  void set_route_in_group(bool on);
 
  private:
   struct Workspace;
@@ -105,6 +109,7 @@ class CudaModel {
                  const Acts& a);
   const float* head(const cuda::HcParams& hc, const float* norm, const Rows& rows, const Acts& a,
                     std::vector<float>* out_streams);
+  void set_launch_switch(bool& flag, bool on);
   void poison_workspace();
   void mark(const char* op);
   std::vector<int64_t> graph_key(const Rows& rows, const std::vector<LayerDesc>& ld, size_t blob_bytes) const;
@@ -129,6 +134,7 @@ class CudaModel {
   std::unique_ptr<Branches> branches_;
   bool branches_on_ = true;
   bool combine_in_post_ = true;
+  bool route_in_group_ = true;
   std::unique_ptr<cuda::MoeRunner> moe_;
   std::unique_ptr<Workspace> ws_;
   bool poison_ = false;

@@ -284,9 +284,10 @@ TEST(CudaFastPath, AgreesWithExactPathOnWellConditionedModels) {
   EXPECT_LE(mean_kl, 1e-3);
 }
 
-// CUDA graphs, side-stream branches and the routed sum inside hc_post change nothing: one decode
-// schedule on three models over the same checkpoint — one launching eagerly on one stream with
-// the routed experts' own combine kernel, one eagerly with the layer's side branches
+// CUDA graphs, side-stream branches, the routed sum inside hc_post and the routing inside the
+// experts' grouping change nothing: one decode schedule on three models over the same checkpoint
+// — one launching eagerly on one stream with the routed experts' own combine kernel and the
+// routing on its own, one eagerly with the layer's side branches
 // (branches.h), one replaying captured graphs of those branches — gives bitwise-equal
 // logits at every step (so identical greedy tokens), across window closes of the compressed
 // layers, batch-size changes, and a prefill that grows the scratch buffers (stale graphs must
@@ -299,7 +300,8 @@ TEST_P(CudaGolden, GraphsGiveBitwiseIdenticalLogits) {
     CudaModel eager(w, prec), branched(w, prec), graphed(w, prec);
     eager.set_graphs(false);
     eager.set_branches(false);
-    eager.set_combine_in_hc_post(false);  // the reference: the routed sum by its own kernel
+    eager.set_combine_in_hc_post(false);  // the reference: the routed sum by its own kernel,
+    eager.set_route_in_group(false);      // and the routing by its own
     branched.set_graphs(false);
     branched.set_branches(true);
     graphed.set_graphs(true);

@@ -180,6 +180,68 @@ TEST(CudaMoe, MatchesCpuExperts) {
   }
 }
 
+// run_routed (the router's selection inside the grouping launch up to one row per 32 experts,
+// moe_route's grid past that) against moe_route then run: the same experts, weights and output bits, for score
+// and hash routing, with the sum made by run and deferred to the caller.
+TEST(CudaMoe, RoutedRunMatchesRouteThenRun) {
+  DSV4_REQUIRE_GPU();
+  const int E = 64;  // the grouping block routes up to 2 rows itself
+  const int64_t d = 256, I = 128, K = 4, vocab = 50;
+  const Experts ex = make_experts(Kind::FP4, E, d, I);
+  const std::vector<float> bias = randn(E, 0.3f);
+  std::vector<int32_t> tid2eid(vocab * K);
+  for (int64_t t = 0; t < vocab; ++t)
+    for (int64_t k = 0; k < K; ++k) tid2eid[t * K + k] = static_cast<int32_t>((t * 5 + k * 3) % E);
+  const cuda::DeviceBuffer db = cuda::to_device(bias), dt = cuda::to_device(tid2eid);
+  for (int64_t R : {1, 2, 3, 40}) {
+    const std::vector<float> x = randn(static_cast<size_t>(R * d), 0.5f), logits = randn(static_cast<size_t>(R * E));
+    std::vector<int32_t> tokens(R);
+    for (int64_t r = 0; r < R; ++r) tokens[r] = static_cast<int32_t>((r * 7) % vocab);
+    const cuda::DeviceBuffer dx = cuda::to_device(x), dl = cuda::to_device(logits), dtok = cuda::to_device(tokens);
+    for (int hash = 0; hash < 2; ++hash) {
+      for (int defer = 0; defer < 2; ++defer) {
+        std::vector<float> out[2], w[2];
+        std::vector<int32_t> e[2];
+        for (int fused = 0; fused < 2; ++fused) {
+          cuda::MoeRunner runner;
+          runner.set_poison_scratch(true);
+          cuda::DeviceBuffer de(static_cast<size_t>(R * K) * 4), dw(static_cast<size_t>(R * K) * 4),
+              dout(static_cast<size_t>(R * d) * 4);
+          for (cuda::DeviceBuffer* b : {&de, &dw, &dout}) b->fill_bytes(0xFF);  // unwritten: -1 / NaN
+          const cuda::MoeRoute route{dl.as<float>(),  db.as<float>(),  hash ? dt.as<int32_t>() : nullptr,
+                                     dtok.as<int32_t>(), 2.5f,         de.as<int32_t>(),
+                                     dw.as<float>()};
+          cuda::RoutedRows rows;
+          if (fused) {
+            runner.run_routed(ex.dev, dx.as<float>(), R, route, K, 10.f, dout.as<float>(), cuda::Precision::Fast,
+                              nullptr, false, defer ? &rows : nullptr);
+          } else {
+            cuda::moe_route(route.logits, route.bias, route.tid2eid, route.tokens, R, E, K, route.routed_scale,
+                            route.experts, route.weights, nullptr);
+            runner.run(ex.dev, dx.as<float>(), R, de.as<int32_t>(), dw.as<float>(), K, 10.f, dout.as<float>(),
+                       cuda::Precision::Fast, nullptr, false, defer ? &rows : nullptr);
+          }
+          ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+          if (defer) {  // the pairs' rows Y the caller sums (hc_post's sum is tested with the mHC ops)
+            ASSERT_NE(rows.Y, nullptr);
+            out[fused].resize(static_cast<size_t>(R * K * d));
+            ASSERT_EQ(cudaMemcpy(out[fused].data(), rows.Y, out[fused].size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+          } else {
+            out[fused] = cuda::to_host<float>(dout, static_cast<size_t>(R * d));
+          }
+          e[fused] = cuda::to_host<int32_t>(de, static_cast<size_t>(R * K));
+          w[fused] = cuda::to_host<float>(dw, static_cast<size_t>(R * K));
+        }
+        const std::string what = "R=" + std::to_string(R) + (hash ? " hash" : " score") + (defer ? " deferred" : "");
+        EXPECT_EQ(e[1], e[0]) << what;
+        EXPECT_EQ(w[1], w[0]) << what;
+        EXPECT_EQ(out[1], out[0]) << what;
+        for (int32_t v : e[1]) ASSERT_TRUE(v >= 0 && v < E) << what;
+      }
+    }
+  }
+}
+
 // The re-packed FP4 layout (pack_for_tensor_cores) feeds the same numbers to the same mma
 // sequence: outputs bitwise equal to the stored layout's tensor-core path, at decode sizes and
 // at a prefill size (many 8-token tiles per expert); Exact on packed experts is refused.
