@@ -47,8 +47,9 @@ __device__ __forceinline__ void block_scan(int* a) {
   }
 }
 
-// One block of 1024 threads, one per expert: counts, then scans of the slot and tile counts so
-// that each expert writes its own tiles (a serial loop over 256 experts took ~20 us a layer).
+// One block, a thread per expert (any block size >= E): counts, then scans of the slot and tile
+// counts so that each expert writes its own tiles (a serial loop over 256 experts took ~20 us a
+// layer).
 __device__ __forceinline__ void group_pairs(const int32_t* experts, int pairs, int E, int T, int32_t* slot_pair,
                                             Tile* tiles, int32_t* n_tiles) {
   __shared__ int cnt[kMaxExperts];
@@ -89,11 +90,12 @@ constexpr int kRouteGroupMaxThreads = 512;  // = route_row's expert bound
 
 // The routing of R rows (moe_route's, one warp per row) and then their grouping, in one block:
 // one launch where the decode step had two. The block's own writes of experts are what it groups
-// (visible to it after the barrier). One thread per expert, E rounded up to whole warps (the
-// grouping works for any block size >= E): route_row's ~127 registers would not fit 1024 threads.
-__global__ void __launch_bounds__(kRouteGroupMaxThreads) route_group_kernel(MoeRoute route, int R, int K, int E, int T, int32_t* __restrict__ experts,
-                                   float* __restrict__ weights, int32_t* __restrict__ slot_pair,
-                                   Tile* __restrict__ tiles, int32_t* __restrict__ n_tiles) {
+// (visible to it after the barrier). One thread per expert, E rounded up to whole warps:
+// route_row's registers (127 unbounded, 112 under these bounds) would not fit 1024 threads.
+__global__ void __launch_bounds__(kRouteGroupMaxThreads)
+    route_group_kernel(MoeRoute route, int R, int K, int E, int T, int32_t* __restrict__ experts,
+                       float* __restrict__ weights, int32_t* __restrict__ slot_pair, Tile* __restrict__ tiles,
+                       int32_t* __restrict__ n_tiles) {
   for (int r = threadIdx.x >> 5; r < R; r += blockDim.x >> 5)
     detail::route_row(route.logits, route.bias, route.tid2eid, route.tokens, r, E, K, route.routed_scale, experts,
                       weights);
