@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "backend/cuda/ops.h"
 #include "backend/cuda/ops_common.cuh"
 #include "backend/cuda/pdl.cuh"
 
@@ -186,6 +187,51 @@ __device__ __forceinline__ float4 mix_column(const float4* X4, const float* coef
       acc.y += p * xi.y;
       acc.z += p * xi.z;
       acc.w += p * xi.w;
+    }
+  }
+  return acc;
+}
+
+// hc_post's sub-layer output at float4 column c of row r: F, plus F2 (the routed experts' sum
+// beside the shared expert's output), or that sum made from the routed rows (combine_kernel<4>'s
+// loop in moe.cu: the same floats).
+__device__ __forceinline__ float4 post_input(const float* F, const float* F2, const RoutedRows& rt, int64_t r,
+                                             int64_t d4, int64_t c) {
+  float4 f = reinterpret_cast<const float4*>(F)[r * d4 + c];
+  if (F2) {
+    const float4 g = reinterpret_cast<const float4*>(F2)[r * d4 + c];
+    f = make_float4(f.x + g.x, f.y + g.y, f.z + g.z, f.w + g.w);
+  } else if (rt.Y) {
+    float g[4] = {};
+    for (int k = 0; k < rt.K; ++k) {
+      const int e = rt.experts[r * rt.K + k];
+      if (e < 0 || e >= rt.E) continue;
+      const float w = rt.weights[r * rt.K + k];
+      const float4 y = reinterpret_cast<const float4*>(rt.Y + (r * rt.K + k) * 4 * d4)[c];
+      g[0] += w * y.x;
+      g[1] += w * y.y;
+      g[2] += w * y.z;
+      g[3] += w * y.w;
+    }
+    f = make_float4(f.x + g[0], f.y + g[1], f.z + g[2], f.w + g[3]);
+  }
+  return f;
+}
+
+// Stream k of hc_post's new row at one float4 column: post_k f + Σ_j comb[j][k] old_j (P: the
+// row's comb, old: the n old streams at the column).
+template <int MAXN>
+__device__ __forceinline__ float4 post_stream(float4 f, float pk, const float* P, int k, int n,
+                                              const float4 (&old)[MAXN]) {
+  float4 acc = make_float4(pk * f.x, pk * f.y, pk * f.z, pk * f.w);
+#pragma unroll
+  for (int j = 0; j < MAXN; ++j) {
+    if (j < n) {
+      const float cj = P[j * n + k];
+      acc.x += cj * old[j].x;
+      acc.y += cj * old[j].y;
+      acc.z += cj * old[j].z;
+      acc.w += cj * old[j].w;
     }
   }
   return acc;

@@ -267,6 +267,7 @@ __global__ void __launch_bounds__(kThreads, 3)
                     const uint8_t* __restrict__ hq, const float* __restrict__ hs, int64_t ldhs, int64_t d, int64_t I,
                     float* __restrict__ Y) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  pdl_trigger();  // a decode hc_post_project after this may load its projection weights
   extern __shared__ __align__(128) unsigned char smem[];
   if (static_cast<int>(blockIdx.y) >= *n_tiles) return;
   const MoeTile t = tiles[blockIdx.y];

@@ -45,10 +45,11 @@ struct HcParams {
 // for the shared projection (recorded on `projected`), while s mixes u: the caller joins gates_s
 // before hc_post, and the Sinkhorn chain is off s's critical path. Same bits either way. At up
 // to 4 rows everything is one launch on s (ops_mhc_decode.cu) and gates_s gets an empty branch.
+// from_post: the stash holds hc_post_project's partials for this X and p (it returned true).
 void hc_pre(const HcParams& p, const float* X, int64_t R, int64_t n, int64_t d, int64_t iters, float hc_eps,
             float rms_eps, float* pre, float* post, float* comb, float* u, cudaStream_t s,
             cudaStream_t gates_s = nullptr, cudaEvent_t projected = nullptr, const float* norm_w = nullptr,
-            float norm_eps = 0.f);
+            float norm_eps = 0.f, bool from_post = false);
 // The routed experts' outputs before their weighted sum (MoeRunner::run with `defer`): row r's
 // sum is Σ_k weights[r K + k] Y[r K + k] over k with experts[r K + k] in [0, E), in k order.
 struct RoutedRows {
@@ -63,6 +64,12 @@ struct RoutedRows {
 // combine would have written into F2, without its launch and its [R, d] round trip.
 void hc_post(const float* post, const float* comb, const float* F, float* X, int64_t R, int64_t n, int64_t d,
              cudaStream_t s, const float* F2 = nullptr, const RoutedRows* routed = nullptr);
+// hc_post at decode sizes (<= 4 rows, n <= 4) that also does the projection of the new streams
+// for the hc_pre of `next` after it (ops_mhc_post_project.cu): call that hc_pre with from_post.
+// false: nothing enqueued (another shape, or DSV4_HC_PROJECT_IN_POST=0): call hc_post instead.
+bool hc_post_project(const float* post, const float* comb, const float* F, float* X, int64_t R, int64_t n, int64_t d,
+                     const HcParams& next, cudaStream_t s, const float* F2 = nullptr,
+                     const RoutedRows* routed = nullptr);
 // h [R, d] = Σ_i (σ(scale·μ_i + base_i) + hc_eps) X_i.
 void hc_head(const HcParams& p, const float* X, int64_t R, int64_t n, int64_t d, float hc_eps, float rms_eps, float* h,
              cudaStream_t s);

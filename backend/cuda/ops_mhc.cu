@@ -38,6 +38,8 @@ using mhc::kMaxN;
 using mhc::kProjThreads;
 using mhc::mix_column;
 using mhc::mix_slice;
+using mhc::post_input;
+using mhc::post_stream;
 using mhc::rms_factor;
 using mhc::sinkhorn_warp;
 
@@ -303,44 +305,12 @@ __global__ void hc_post_kernel(const float* post, const float* comb, const float
   const int64_t r = blockIdx.y, c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (c >= d4) return;
   float4* X4 = reinterpret_cast<float4*>(X) + r * n * d4;
-  float4 f = reinterpret_cast<const float4*>(F)[r * d4 + c];
-  if (F2) {  // the same sum the routed experts' combine made when it added into F
-    const float4 g = reinterpret_cast<const float4*>(F2)[r * d4 + c];
-    f = make_float4(f.x + g.x, f.y + g.y, f.z + g.z, f.w + g.w);
-  } else if (rt.Y) {  // that sum made here: combine_kernel<4>'s loop (moe.cu), the same floats
-    float g[4] = {};
-    for (int k = 0; k < rt.K; ++k) {
-      const int e = rt.experts[r * rt.K + k];
-      if (e < 0 || e >= rt.E) continue;
-      const float w = rt.weights[r * rt.K + k];
-      const float4 y = reinterpret_cast<const float4*>(rt.Y + (r * rt.K + k) * 4 * d4)[c];
-      g[0] += w * y.x;
-      g[1] += w * y.y;
-      g[2] += w * y.z;
-      g[3] += w * y.w;
-    }
-    f = make_float4(f.x + g[0], f.y + g[1], f.z + g[2], f.w + g[3]);
-  }
+  const float4 f = post_input(F, F2, rt, r, d4, c);
   float4 old[MAXN];
 #pragma unroll
   for (int j = 0; j < MAXN; ++j)
     if (j < n) old[j] = X4[j * d4 + c];
-  const float* P = comb + r * n * n;
-  for (int k = 0; k < n; ++k) {
-    const float pk = post[r * n + k];
-    float4 acc = make_float4(pk * f.x, pk * f.y, pk * f.z, pk * f.w);
-#pragma unroll
-    for (int j = 0; j < MAXN; ++j) {
-      if (j < n) {
-        const float cj = P[j * n + k];
-        acc.x += cj * old[j].x;
-        acc.y += cj * old[j].y;
-        acc.z += cj * old[j].z;
-        acc.w += cj * old[j].w;
-      }
-    }
-    X4[k * d4 + c] = acc;
-  }
+  for (int k = 0; k < n; ++k) X4[k * d4 + c] = post_stream<MAXN>(f, post[r * n + k], comb + r * n * n, k, n, old);
 }
 
 // The tiled projection over (row block, K slice); slices are whole kTileK columns, as many as
@@ -431,12 +401,22 @@ int mix_slices(int64_t R, int64_t d) {
 
 void hc_pre(const HcParams& p, const float* X, int64_t R, int64_t n, int64_t d, int64_t iters, float hc_eps,
             float rms_eps, float* pre, float* post, float* comb, float* u, cudaStream_t s, cudaStream_t gates_s,
-            cudaEvent_t projected, const float* norm_w, float norm_eps) {
+            cudaEvent_t projected, const float* norm_w, float norm_eps, bool from_post) {
   DSV4_CHECK(n >= 1 && n <= kMaxN, "cuda::hc_pre: n must be in [1, 4]");
   DSV4_CHECK(!gates_s || projected, "cuda::hc_pre: a gates stream needs its event");
   if (R == 0) return;
   const int n_out = static_cast<int>((2 + n) * n);
   float* st = stash(R, d);
+  if (from_post) {  // hc_post_project wrote the partials: the gates beside (or inside) the mix
+    if (gates_s) {
+      DSV4_CUDA_CHECK(cudaEventRecord(projected, s));
+      DSV4_CUDA_CHECK(cudaStreamWaitEvent(gates_s, projected, 0));
+      detail::hc_pre_from_post(p, X, R, n, d, iters, hc_eps, rms_eps, norm_w, norm_eps, pre, post, comb, u, st, true,
+                               false, gates_s);
+    }
+    return detail::hc_pre_from_post(p, X, R, n, d, iters, hc_eps, rms_eps, norm_w, norm_eps, pre, post, comb, u, st,
+                                    gates_s == nullptr, true, s);
+  }
   // Up to 4 rows: one launch for the projection, mixing and norm; the gates (Sinkhorn, a serial
   // ~40-step chain) inside it, or with gates_s after it from the stash, beside what follows.
   if (detail::hc_pre_decode(p, X, R, n, d, iters, hc_eps, rms_eps, norm_w, norm_eps, pre, post, comb, u, st,
@@ -500,6 +480,13 @@ void hc_post(const float* post, const float* comb, const float* F, float* X, int
                                 static_cast<int>(n), d4);
     DSV4_CUDA_LAUNCH_CHECK();
   });
+}
+
+bool hc_post_project(const float* post, const float* comb, const float* F, float* X, int64_t R, int64_t n, int64_t d,
+                     const HcParams& next, cudaStream_t s, const float* F2, const RoutedRows* routed) {
+  DSV4_CHECK(!(F2 && routed), "cuda::hc_post_project: F2 or the routed rows, not both");
+  if (R == 0 || !detail::hc_post_project_applies(R, n, d)) return false;
+  return detail::hc_post_project(post, comb, F, F2, routed, X, R, n, d, next, stash(R, d), s);
 }
 
 void hc_head(const HcParams& p, const float* X, int64_t R, int64_t n, int64_t d, float hc_eps, float rms_eps, float* h,

@@ -10,8 +10,10 @@
 // quantised input) prefetches only weights before its wait, and its wait covers the first
 // GEMV's completion, which covered the quantisation's. hc_post (launched normally) triggers too:
 // hc_pre's projection after it (the one-launch decode form, and the split-K kernel below 256
-// rows) asks L2 for its weights before its wait. Every other kernel keeps the plain full
-// dependency.
+// rows) asks L2 for its weights before its wait. At decode sizes hc_post_project (launched as a
+// dependent: it loads the next projection's weights into registers before its wait) follows
+// wo_b's GEMV or the routed experts' down kernel, which triggers at its start for it. Every
+// other kernel keeps the plain full dependency.
 #pragma once
 #include <cuda_runtime.h>
 

@@ -345,8 +345,8 @@ void CudaModel::upload_blob(const CallBlob& blob, Acts& a) {
 }
 
 // One decoder block (attention then MoE sub-layer) on the streams a.X, state layer li.
-void CudaModel::run_layer(const DeviceLayer& L, size_t li, const float* rope, const LayerDesc& ld, const Rows& rows,
-                          const Acts& a) {
+bool CudaModel::run_layer(const DeviceLayer& L, size_t li, const float* rope, const LayerDesc& ld, const Rows& rows,
+                          const Acts& a, bool projected, const cuda::HcParams* next) {
   const ModelConfig& cfg = dw_.config;
   const int64_t d = cfg.hidden_size, n = cfg.hc_mult, H = cfg.num_heads, D = cfg.head_dim;
   const int64_t W = cfg.sliding_window, ql = cfg.q_lora_rank, nI = cfg.index_n_heads, dI = cfg.index_head_dim;
@@ -370,7 +370,7 @@ void CudaModel::run_layer(const DeviceLayer& L, size_t li, const float* rope, co
 
   // ---- attention sub-layer
   cuda::hc_pre(L.hc_attn, X, R, n, d, cfg.hc_sinkhorn_iters, hc_eps, eps, a.pre, a.post, a.comb, u, s, gates, gates_ev,
-               L.attn_norm, eps);
+               L.attn_norm, eps, projected);
   mark("hc_pre+norm");
 
   // Compressor, indexer weights, router and head have BF16 weights: fp32 math in exact precision (the
@@ -457,12 +457,14 @@ void CudaModel::run_layer(const DeviceLayer& L, size_t li, const float* rope, co
   linear(L.wo_b, a.y, R, F);
   mark("wo_b");
   br.join(kGatesSide);
-  cuda::hc_post(a.post, a.comb, F, X, R, n, d, s);
+  // At decode sizes hc_post also projects the new streams for the MoE sub-layer's hc_pre.
+  const bool ffn_projected = cuda::hc_post_project(a.post, a.comb, F, X, R, n, d, L.hc_ffn, s);
+  if (!ffn_projected) cuda::hc_post(a.post, a.comb, F, X, R, n, d, s);
   mark("hc_post");
 
   // ---- MoE sub-layer: the shared expert writes F, the routed experts their sum into F2
   cuda::hc_pre(L.hc_ffn, X, R, n, d, cfg.hc_sinkhorn_iters, hc_eps, eps, a.pre, a.post, a.comb, u, s, gates, gates_ev,
-               L.ffn_norm, eps);
+               L.ffn_norm, eps, ffn_projected);
   mark("hc_pre+norm");
   cudaStream_t xs = br.fork(kSharedSide);  // after the kv ring store on this side
   linear_shared_input({{&L.shared_w1, a.gu, 2 * I}, {&L.shared_w3, a.gu + I, 2 * I}}, u, R, d, xs);
@@ -487,8 +489,12 @@ void CudaModel::run_layer(const DeviceLayer& L, size_t li, const float* rope, co
   br.join(kSharedSide);
   br.join(kGatesSide);
   // F + the routed sum: the same floats as when the combine added into F.
-  cuda::hc_post(a.post, a.comb, F, X, R, n, d, s, routed.Y ? nullptr : a.F2, routed.Y ? &routed : nullptr);
+  const float* F2 = routed.Y ? nullptr : a.F2;
+  const cuda::RoutedRows* rt = routed.Y ? &routed : nullptr;
+  const bool next_projected = next && cuda::hc_post_project(a.post, a.comb, F, X, R, n, d, *next, s, F2, rt);
+  if (!next_projected) cuda::hc_post(a.post, a.comb, F, X, R, n, d, s, F2, rt);
   mark("hc_post");
+  return next_projected;
 }
 
 // hc_head → RMSNorm → the shared head on the output rows of a.X (fp32 logits);
@@ -547,9 +553,12 @@ int64_t CudaModel::forward_device(std::span<const DeviceChunk> chunks, bool all_
   auto body = [&] {
     cuda::embed(dw_.embed, a.tok, R, n, a.X, stream_);
     mark("embed");
+    bool projected = false;  // by the previous layer's last hc_post, for this layer's first hc_pre
     for (size_t li = 0; li < dw_.layers.size(); ++li) {
       const DeviceLayer& L = dw_.layers[li];
-      run_layer(L, li, L.kind == AttnKind::SWA ? dw_.rope_swa : dw_.rope_compressed, ld[li], rows, a);
+      const cuda::HcParams* next = li + 1 < dw_.layers.size() ? &dw_.layers[li + 1].hc_attn : nullptr;
+      projected = run_layer(L, li, L.kind == AttnKind::SWA ? dw_.rope_swa : dw_.rope_compressed, ld[li], rows, a,
+                            projected, next);
     }
     DSV4_CHECK(head(dw_.hc_head, dw_.norm, rows, a, nullptr) == logits, "forward: head wrote elsewhere");
   };

@@ -105,8 +105,11 @@ class CudaModel {
   Acts scratch(int64_t rows);
   LayerDesc describe_layer(const DeviceLayer& L, size_t li, const Rows& rows, const Acts& a, CallBlob& blob) const;
   void upload_blob(const CallBlob& blob, Acts& a);
-  void run_layer(const DeviceLayer& L, size_t li, const float* rope, const LayerDesc& ld, const Rows& rows,
-                 const Acts& a);
+  // projected: the previous hc_post did this layer's first hc_pre projection (hc_post_project).
+  // next: the hc_pre after this layer (the next layer's), for its last hc_post to project for;
+  // returns whether it did.
+  bool run_layer(const DeviceLayer& L, size_t li, const float* rope, const LayerDesc& ld, const Rows& rows,
+                 const Acts& a, bool projected = false, const cuda::HcParams* next = nullptr);
   const float* head(const cuda::HcParams& hc, const float* norm, const Rows& rows, const Acts& a,
                     std::vector<float>* out_streams);
   void set_launch_switch(bool& flag, bool on);

@@ -202,6 +202,89 @@ TEST_P(CudaOpsMhc, HcPostMatchesCpu) {
   EXPECT_EQ(to_host<float>(dXa, X.size()), to_host<float>(dXb, X.size()));
 }
 
+// hc_post that also projects the new streams for the next hc_pre (decode sizes,
+// ops_mhc_post_project.cu), then that hc_pre from its partials: against the CPU's hc_post, hc_pre
+// and rms_norm; the gates on a second stream give the same bits; F split into F + F2 gives the
+// bits of their sum. Other shapes: hc_post_project declines (and enqueues nothing).
+TEST_P(CudaOpsMhc, HcPostProjectThenPreMatchesCpu) {
+  DSV4_REQUIRE_GPU();
+  const auto [R, d] = GetParam();
+  const int64_t n = 4, n_out = (2 + n) * n;
+  const ModelConfig cfg = hc_config(n, d);
+  const HcWeights w = hc_weights(n_out, n * d, 3);
+  HcMix prev;  // the gates hc_post applies
+  prev.post = randn(R * n);
+  prev.comb = randn(R * n * n, 0.5f);
+  const std::vector<float> F = randn(R * d), X = randn(R * n * d, 2.0f), gamma = randn(d, 1.0f);
+  const float eps = 1e-6f;
+  std::vector<float> Xn = X, u(R * d), un(R * d);
+  hc_post(prev, F.data(), Xn.data(), R, n, d);
+  HcMix mix;
+  hc_pre(w, cfg, Xn.data(), R, mix, u.data());
+  cpu::rms_norm(u.data(), gamma.data(), un.data(), R, d, eps);
+
+  DevHc dw(w);
+  DeviceBuffer dppost = to_device(prev.post), dpcomb = to_device(prev.comb), dF = to_device(F), dg = to_device(gamma);
+  const bool applies = cuda::detail::hc_post_project_applies(R, n, d);
+  if (R <= 4 && d <= 8192) {
+    EXPECT_TRUE(applies) << "decode sizes take the projecting hc_post";
+  }
+  DeviceBuffer dX = to_device(X);
+  const bool projected =
+      cuda::hc_post_project(dppost.as<float>(), dpcomb.as<float>(), dF.as<float>(), dX.as<float>(), R, n, d, dw.p, nullptr);
+  ASSERT_EQ(projected, applies);
+  if (!projected) {
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(to_host<float>(dX, X.size()), X) << "declined, yet X changed";
+    return;
+  }
+  EXPECT_LE(rel_error(to_host<float>(dX, X.size()), Xn), 1e-6);
+  for (const bool norm : {true, false}) {
+    DeviceBuffer dpre = poisoned<float>(R * n), dpost = poisoned<float>(R * n), dcomb = poisoned<float>(R * n * n),
+                 du = poisoned<float>(R * d);
+    cuda::hc_pre(dw.p, dX.as<float>(), R, n, d, cfg.hc_sinkhorn_iters, 1e-6f, eps, dpre.as<float>(), dpost.as<float>(),
+                 dcomb.as<float>(), du.as<float>(), nullptr, nullptr, nullptr, norm ? dg.as<float>() : nullptr, eps,
+                 /*from_post=*/true);
+    EXPECT_LE(rel_error(to_host<float>(dpre, R * n), mix.pre), 1e-5) << "norm " << norm;
+    EXPECT_LE(rel_error(to_host<float>(dpost, R * n), mix.post), 1e-5) << "norm " << norm;
+    EXPECT_LE(rel_error(to_host<float>(dcomb, R * n * n), mix.comb), 1e-5) << "norm " << norm;
+    EXPECT_LE(rel_error(to_host<float>(du, R * d), norm ? un : u), 1e-5) << "norm " << norm;
+    if (!norm) continue;
+    // The gates on a second stream while the first mixes: the same bits.
+    cudaStream_t s = nullptr, gates = nullptr;
+    cudaEvent_t ev = nullptr;
+    ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    ASSERT_EQ(cudaStreamCreateWithFlags(&gates, cudaStreamNonBlocking), cudaSuccess);
+    ASSERT_EQ(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    DeviceBuffer spre = poisoned<float>(R * n), spost = poisoned<float>(R * n), scomb = poisoned<float>(R * n * n),
+                 su = poisoned<float>(R * d);
+    cuda::hc_pre(dw.p, dX.as<float>(), R, n, d, cfg.hc_sinkhorn_iters, 1e-6f, eps, spre.as<float>(), spost.as<float>(),
+                 scomb.as<float>(), su.as<float>(), s, gates, ev, dg.as<float>(), eps, /*from_post=*/true);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_EQ(to_host<float>(spre, R * n), to_host<float>(dpre, R * n));
+    EXPECT_EQ(to_host<float>(spost, R * n), to_host<float>(dpost, R * n));
+    EXPECT_EQ(to_host<float>(scomb, R * n * n), to_host<float>(dcomb, R * n * n));
+    EXPECT_EQ(to_host<float>(su, R * d), to_host<float>(du, R * d));
+    cudaEventDestroy(ev);
+    cudaStreamDestroy(gates);
+    cudaStreamDestroy(s);
+  }
+  // F as two addends (shared and routed experts): the streams of their sum, bit for bit.
+  const std::vector<float> F1 = randn(R * d);
+  std::vector<float> F2(F.size()), sum(F.size());
+  for (size_t i = 0; i < F.size(); ++i) {
+    F2[i] = F[i] - F1[i];
+    sum[i] = F1[i] + F2[i];
+  }
+  DeviceBuffer dF1 = to_device(F1), dF2 = to_device(F2), dsum = to_device(sum), dXa = to_device(X), dXb = to_device(X);
+  ASSERT_TRUE(cuda::hc_post_project(dppost.as<float>(), dpcomb.as<float>(), dF1.as<float>(), dXa.as<float>(), R, n, d,
+                                    dw.p, nullptr, dF2.as<float>()));
+  ASSERT_TRUE(cuda::hc_post_project(dppost.as<float>(), dpcomb.as<float>(), dsum.as<float>(), dXb.as<float>(), R, n, d,
+                                    dw.p, nullptr));
+  EXPECT_EQ(to_host<float>(dXa, X.size()), to_host<float>(dXb, X.size()));
+}
+
 TEST_P(CudaOpsMhc, HcHeadMatchesCpu) {
   DSV4_REQUIRE_GPU();
   const auto [R, d] = GetParam();
