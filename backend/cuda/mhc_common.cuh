@@ -164,11 +164,9 @@ __device__ inline float sinkhorn_warp(float m, int n, int iters, float eps) {
 // issued together before the sums (a loop bounded by the runtime n issued them one after
 // another: ncu at 4096 rows, half of the stalls on the load scoreboard), any further ones after
 // (kTail; without it n <= MAXN).
-template <int MAXN, bool kTail = true, typename N>
-__device__ __forceinline__ float4 mix_column(const float4* X4, const float* coef, N n, int64_t d4, int64_t c) {
-  float4 x[MAXN];
-#pragma unroll
-  for (int i = 0; i < MAXN; ++i) x[i] = i < n ? X4[i * d4 + c] : make_float4(0.f, 0.f, 0.f, 0.f);
+// Σ_{i < min(n, MAXN)} coef[i] x[i], in stream order.
+template <int MAXN, typename N>
+__device__ __forceinline__ float4 mix_values(const float4 (&x)[MAXN], const float* coef, N n) {
   float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
   for (int i = 0; i < MAXN; ++i) {
@@ -179,6 +177,15 @@ __device__ __forceinline__ float4 mix_column(const float4* X4, const float* coef
     acc.z += p * x[i].z;
     acc.w += p * x[i].w;
   }
+  return acc;
+}
+
+template <int MAXN, bool kTail = true, typename N>
+__device__ __forceinline__ float4 mix_column(const float4* X4, const float* coef, N n, int64_t d4, int64_t c) {
+  float4 x[MAXN];
+#pragma unroll
+  for (int i = 0; i < MAXN; ++i) x[i] = i < n ? X4[i * d4 + c] : make_float4(0.f, 0.f, 0.f, 0.f);
+  float4 acc = mix_values<MAXN>(x, coef, n);
   if constexpr (kTail) {
     for (int64_t i = MAXN; i < n; ++i) {  // the head's wider n (hc_head allows up to 24)
       const float4 xi = X4[i * d4 + c];

@@ -184,16 +184,7 @@ __global__ void __launch_bounds__(kMixThreads) hc_pre_from_post_kernel(FromPostA
   }
   __syncthreads();
   if (!col) return;
-  float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-  for (int j = 0; j < kMaxN; ++j) {
-    if (j >= n) break;
-    const float p = s_pre[j];
-    v.x += p * x[j].x;
-    v.y += p * x[j].y;
-    v.z += p * x[j].z;
-    v.w += p * x[j].w;
-  }
+  float4 v = mhc::mix_values<kMaxN>(x, s_pre, n);
   float4* U4 = reinterpret_cast<float4*>(a.u) + r * d4;
   if (a.norm_w) {
     const float inv = s_inv;

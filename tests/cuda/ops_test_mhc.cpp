@@ -44,6 +44,55 @@ struct DevHc {
         p{fn.as<float>(), base.as<float>(), scale.as<float>()} {}
 };
 
+// A second stream for the mHC gates and the event it waits on (destroyed with it).
+struct GatesStreams {
+  cudaStream_t s = nullptr, gates = nullptr;
+  cudaEvent_t ev = nullptr;
+  GatesStreams() {
+    EXPECT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+    EXPECT_EQ(cudaStreamCreateWithFlags(&gates, cudaStreamNonBlocking), cudaSuccess);
+    EXPECT_EQ(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), cudaSuccess);
+  }
+  ~GatesStreams() {
+    cudaEventDestroy(ev);
+    cudaStreamDestroy(gates);
+    cudaStreamDestroy(s);
+  }
+};
+
+// hc_pre's outputs (poisoned before a run).
+struct HcOut {
+  DeviceBuffer pre, post, comb, u;
+  int64_t R, n, d;
+  HcOut(int64_t rows, int64_t streams, int64_t width)
+      : pre(poisoned<float>(rows * streams)), post(poisoned<float>(rows * streams)),
+        comb(poisoned<float>(rows * streams * streams)), u(poisoned<float>(rows * width)), R(rows), n(streams),
+        d(width) {}
+  void expect_same(const HcOut& o) const {
+    EXPECT_EQ(to_host<float>(pre, R * n), to_host<float>(o.pre, R * n));
+    EXPECT_EQ(to_host<float>(post, R * n), to_host<float>(o.post, R * n));
+    EXPECT_EQ(to_host<float>(comb, R * n * n), to_host<float>(o.comb, R * n * n));
+    EXPECT_EQ(to_host<float>(u, R * d), to_host<float>(o.u, R * d));
+  }
+};
+
+// F as two addends (the shared and the routed experts' outputs) and their float sum: hc_post on
+// (F1, F2) must give the bits of hc_post on sum.
+struct SplitF {
+  DeviceBuffer F1, F2, sum;
+  explicit SplitF(const std::vector<float>& F) {
+    const std::vector<float> f1 = randn(F.size());
+    std::vector<float> f2(F.size()), s(F.size());
+    for (size_t i = 0; i < F.size(); ++i) {
+      f2[i] = F[i] - f1[i];
+      s[i] = f1[i] + f2[i];
+    }
+    F1 = to_device(f1);
+    F2 = to_device(f2);
+    sum = to_device(s);
+  }
+};
+
 class CudaOpsMhc : public ::testing::TestWithParam<std::pair<int64_t, int64_t>> {};  // (R, d)
 
 // One (R, d) case of n = 4 streams: fresh random weights and streams, the CPU's hc_pre, and
@@ -84,22 +133,14 @@ TEST_P(CudaOpsMhc, HcPreMatchesCpu) {
   EXPECT_LE(rel_error(to_host<float>(du, R * d), c.u), 1e-5);
 
   // The gates (pre / post / comb) on a second stream while the first mixes u: the same bits.
-  cudaStream_t s = nullptr, gates = nullptr;
-  cudaEvent_t projected = nullptr;
-  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
-  ASSERT_EQ(cudaStreamCreateWithFlags(&gates, cudaStreamNonBlocking), cudaSuccess);
-  ASSERT_EQ(cudaEventCreateWithFlags(&projected, cudaEventDisableTiming), cudaSuccess);
-  DeviceBuffer spre = poisoned<float>(R * n), spost = poisoned<float>(R * n), scomb = poisoned<float>(R * n * n),
-               su = poisoned<float>(R * d);
-  c.gpu(spre, spost, scomb, su, s, gates, projected);
+  const GatesStreams st;
+  HcOut side(R, n, d);
+  c.gpu(side.pre, side.post, side.comb, side.u, st.s, st.gates, st.ev);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  EXPECT_EQ(to_host<float>(spre, R * n), to_host<float>(dpre, R * n));
-  EXPECT_EQ(to_host<float>(spost, R * n), to_host<float>(dpost, R * n));
-  EXPECT_EQ(to_host<float>(scomb, R * n * n), to_host<float>(dcomb, R * n * n));
-  EXPECT_EQ(to_host<float>(su, R * d), to_host<float>(du, R * d));
-  cudaEventDestroy(projected);
-  cudaStreamDestroy(gates);
-  cudaStreamDestroy(s);
+  EXPECT_EQ(to_host<float>(side.pre, R * n), to_host<float>(dpre, R * n));
+  EXPECT_EQ(to_host<float>(side.post, R * n), to_host<float>(dpost, R * n));
+  EXPECT_EQ(to_host<float>(side.comb, R * n * n), to_host<float>(dcomb, R * n * n));
+  EXPECT_EQ(to_host<float>(side.u, R * d), to_host<float>(du, R * d));
 }
 
 // From 256 rows the projection runs in tiles on split-TF32 tensor cores (hi·hi + hi·lo + lo·hi):
@@ -189,16 +230,11 @@ TEST_P(CudaOpsMhc, HcPostMatchesCpu) {
   cuda::hc_post(dpost.as<float>(), dcomb.as<float>(), dF.as<float>(), dX.as<float>(), R, n, d, nullptr);
   EXPECT_LE(rel_error(to_host<float>(dX, X.size()), ref), 1e-6);
   // F split into two addends (shared expert, routed experts): the same bits as their sum.
-  const std::vector<float> F1 = randn(R * d);
-  std::vector<float> F2(F.size()), sum(F.size());
-  for (size_t i = 0; i < F.size(); ++i) {
-    F2[i] = F[i] - F1[i];
-    sum[i] = F1[i] + F2[i];
-  }
-  DeviceBuffer dF1 = to_device(F1), dF2 = to_device(F2), dsum = to_device(sum), dXa = to_device(X), dXb = to_device(X);
-  cuda::hc_post(dpost.as<float>(), dcomb.as<float>(), dF1.as<float>(), dXa.as<float>(), R, n, d, nullptr,
-                dF2.as<float>());
-  cuda::hc_post(dpost.as<float>(), dcomb.as<float>(), dsum.as<float>(), dXb.as<float>(), R, n, d, nullptr);
+  const SplitF sp(F);
+  DeviceBuffer dXa = to_device(X), dXb = to_device(X);
+  cuda::hc_post(dpost.as<float>(), dcomb.as<float>(), sp.F1.as<float>(), dXa.as<float>(), R, n, d, nullptr,
+                sp.F2.as<float>());
+  cuda::hc_post(dpost.as<float>(), dcomb.as<float>(), sp.sum.as<float>(), dXb.as<float>(), R, n, d, nullptr);
   EXPECT_EQ(to_host<float>(dXa, X.size()), to_host<float>(dXb, X.size()));
 }
 
@@ -240,48 +276,32 @@ TEST_P(CudaOpsMhc, HcPostProjectThenPreMatchesCpu) {
   }
   EXPECT_LE(rel_error(to_host<float>(dX, X.size()), Xn), 1e-6);
   for (const bool norm : {true, false}) {
-    DeviceBuffer dpre = poisoned<float>(R * n), dpost = poisoned<float>(R * n), dcomb = poisoned<float>(R * n * n),
-                 du = poisoned<float>(R * d);
-    cuda::hc_pre(dw.p, dX.as<float>(), R, n, d, cfg.hc_sinkhorn_iters, 1e-6f, eps, dpre.as<float>(), dpost.as<float>(),
-                 dcomb.as<float>(), du.as<float>(), nullptr, nullptr, nullptr, norm ? dg.as<float>() : nullptr, eps,
-                 /*from_post=*/true);
-    EXPECT_LE(rel_error(to_host<float>(dpre, R * n), mix.pre), 1e-5) << "norm " << norm;
-    EXPECT_LE(rel_error(to_host<float>(dpost, R * n), mix.post), 1e-5) << "norm " << norm;
-    EXPECT_LE(rel_error(to_host<float>(dcomb, R * n * n), mix.comb), 1e-5) << "norm " << norm;
-    EXPECT_LE(rel_error(to_host<float>(du, R * d), norm ? un : u), 1e-5) << "norm " << norm;
+    HcOut one(R, n, d);
+    cuda::hc_pre(dw.p, dX.as<float>(), R, n, d, cfg.hc_sinkhorn_iters, 1e-6f, eps, one.pre.as<float>(),
+                 one.post.as<float>(), one.comb.as<float>(), one.u.as<float>(), nullptr, nullptr, nullptr,
+                 norm ? dg.as<float>() : nullptr, eps, /*from_post=*/true);
+    EXPECT_LE(rel_error(to_host<float>(one.pre, R * n), mix.pre), 1e-5) << "norm " << norm;
+    EXPECT_LE(rel_error(to_host<float>(one.post, R * n), mix.post), 1e-5) << "norm " << norm;
+    EXPECT_LE(rel_error(to_host<float>(one.comb, R * n * n), mix.comb), 1e-5) << "norm " << norm;
+    EXPECT_LE(rel_error(to_host<float>(one.u, R * d), norm ? un : u), 1e-5) << "norm " << norm;
     if (!norm) continue;
     // The gates on a second stream while the first mixes: the same bits.
-    cudaStream_t s = nullptr, gates = nullptr;
-    cudaEvent_t ev = nullptr;
-    ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
-    ASSERT_EQ(cudaStreamCreateWithFlags(&gates, cudaStreamNonBlocking), cudaSuccess);
-    ASSERT_EQ(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), cudaSuccess);
+    const GatesStreams st;
+    HcOut side(R, n, d);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    DeviceBuffer spre = poisoned<float>(R * n), spost = poisoned<float>(R * n), scomb = poisoned<float>(R * n * n),
-                 su = poisoned<float>(R * d);
-    cuda::hc_pre(dw.p, dX.as<float>(), R, n, d, cfg.hc_sinkhorn_iters, 1e-6f, eps, spre.as<float>(), spost.as<float>(),
-                 scomb.as<float>(), su.as<float>(), s, gates, ev, dg.as<float>(), eps, /*from_post=*/true);
+    cuda::hc_pre(dw.p, dX.as<float>(), R, n, d, cfg.hc_sinkhorn_iters, 1e-6f, eps, side.pre.as<float>(),
+                 side.post.as<float>(), side.comb.as<float>(), side.u.as<float>(), st.s, st.gates, st.ev,
+                 dg.as<float>(), eps, /*from_post=*/true);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    EXPECT_EQ(to_host<float>(spre, R * n), to_host<float>(dpre, R * n));
-    EXPECT_EQ(to_host<float>(spost, R * n), to_host<float>(dpost, R * n));
-    EXPECT_EQ(to_host<float>(scomb, R * n * n), to_host<float>(dcomb, R * n * n));
-    EXPECT_EQ(to_host<float>(su, R * d), to_host<float>(du, R * d));
-    cudaEventDestroy(ev);
-    cudaStreamDestroy(gates);
-    cudaStreamDestroy(s);
+    side.expect_same(one);
   }
   // F as two addends (shared and routed experts): the streams of their sum, bit for bit.
-  const std::vector<float> F1 = randn(R * d);
-  std::vector<float> F2(F.size()), sum(F.size());
-  for (size_t i = 0; i < F.size(); ++i) {
-    F2[i] = F[i] - F1[i];
-    sum[i] = F1[i] + F2[i];
-  }
-  DeviceBuffer dF1 = to_device(F1), dF2 = to_device(F2), dsum = to_device(sum), dXa = to_device(X), dXb = to_device(X);
-  ASSERT_TRUE(cuda::hc_post_project(dppost.as<float>(), dpcomb.as<float>(), dF1.as<float>(), dXa.as<float>(), R, n, d,
-                                    dw.p, nullptr, dF2.as<float>()));
-  ASSERT_TRUE(cuda::hc_post_project(dppost.as<float>(), dpcomb.as<float>(), dsum.as<float>(), dXb.as<float>(), R, n, d,
-                                    dw.p, nullptr));
+  const SplitF sp(F);
+  DeviceBuffer dXa = to_device(X), dXb = to_device(X);
+  ASSERT_TRUE(cuda::hc_post_project(dppost.as<float>(), dpcomb.as<float>(), sp.F1.as<float>(), dXa.as<float>(), R, n,
+                                    d, dw.p, nullptr, sp.F2.as<float>()));
+  ASSERT_TRUE(cuda::hc_post_project(dppost.as<float>(), dpcomb.as<float>(), sp.sum.as<float>(), dXb.as<float>(), R, n,
+                                    d, dw.p, nullptr));
   EXPECT_EQ(to_host<float>(dXa, X.size()), to_host<float>(dXb, X.size()));
 }
 
