@@ -1,5 +1,7 @@
 #include "model/cuda/random_device_weights.h"
 
+#include <algorithm>
+
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -137,6 +139,9 @@ ModelConfig preset_config(const std::string& name, int64_t layers) {
     c.num_layers = layers;
     c.compress_ratio.resize(static_cast<size_t>(layers));
     c.layer_kinds.resize(static_cast<size_t>(layers));
+    // The hash-routed layers are the first three: fewer layers keep as many as there are (so
+    // that `--layers 1` or 2 builds, all hash-routed, instead of failing validation).
+    c.num_hash_layers = std::min(c.num_hash_layers, layers);
   }
   c.num_nextn_predict_layers = 0;  // the main model only; `dsv4 bench --speculative-tokens` adds the MTP layer
   c.validate();

@@ -11,6 +11,7 @@
 
 #include "../model/golden_case.h"
 #include "backend/cuda/ops.h"
+#include "core/error.h"
 #include "gpu_test.h"
 #include "model/cuda/cuda_model.h"
 #include "model/cuda/random_device_weights.h"
@@ -177,6 +178,24 @@ TEST_P(CudaGolden, FastBf16IndexKeysGiveBitwiseSameLogits) {
     const std::vector<float> a = run_chunks(f32, ids, ids.size(), chunk), b = run_chunks(bf16, ids, ids.size(), chunk);
     ASSERT_EQ(a.size(), b.size());
     EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0) << "chunk " << chunk;
+  }
+}
+
+// `dsv4 bench --layers N` below the three hash-routed layers: the preset keeps N of them (all its
+// layers hash-routed) and validates, instead of failing `num_hash_layers` 3 > N; the layer kinds
+// are the full model's first N; past the preset's depth is an error. Host only.
+TEST(CudaPreset, TruncatedPresetKeepsHashLayersItHas) {
+  for (const char* name : {"v4-flash", "v4-pro"}) {
+    const ModelConfig full = preset_config(name, 0);
+    EXPECT_EQ(full.num_hash_layers, 3);
+    for (int64_t L : {1, 2, 3, 4}) {
+      const ModelConfig c = preset_config(name, L);
+      EXPECT_EQ(c.num_layers, L) << name;
+      EXPECT_EQ(c.num_hash_layers, std::min<int64_t>(3, L)) << name << " --layers " << L;
+      ASSERT_EQ(c.layer_kinds.size(), static_cast<size_t>(L));
+      for (int64_t i = 0; i < L; ++i) EXPECT_EQ(c.layer_kinds[i], full.layer_kinds[i]) << name << " layer " << i;
+    }
+    EXPECT_THROW(preset_config(name, full.num_layers + 1), Error) << name;
   }
 }
 
