@@ -65,6 +65,20 @@ double median_us(F call) {
   return t[t.size() / 2] * 1e3;
 }
 
+// BENCH_LINEAR_ONLY=name[,name]: only those weights; BENCH_LINEAR_ROWS=1[,8]: only those row
+// counts — so that an ncu run can name its kernel by launch index (3 warm-ups, then the first
+// timed call).
+bool listed(const char* env_name, const std::string& item) {
+  const char* env = std::getenv(env_name);
+  if (!env || !*env) return true;
+  const std::string list = std::string(",") + env + ",";
+  return list.find("," + item + ",") != std::string::npos;
+}
+
+bool selected(const char* name, int64_t rows) {
+  return listed("BENCH_LINEAR_ONLY", name) && listed("BENCH_LINEAR_ROWS", std::to_string(rows));
+}
+
 void report(const char* what, double us, double bytes, double flops) {
   const double floor_us = std::max(bytes / kBandwidth, flops / kFp8Flops) * 1e6;
   std::printf("%-34s %10.1f us  floor %8.1f us (%s)  ratio %5.2f  %7.1f TFLOP/s %7.0f GB/s\n", what, us, floor_us,
@@ -75,6 +89,7 @@ void report(const char* what, double us, double bytes, double flops) {
 // groups > 1: a block-diagonal weight of `groups` blocks of out/groups rows (wo_a), x of
 // groups*in columns; timed as one run_grouped call and as the per-group run() loop.
 void bench_fp8_linear(FastLinear& fast, const char* name, int64_t out, int64_t in, int64_t groups = 1) {
+  if (!listed("BENCH_LINEAR_ONLY", name)) return;
   const size_t wbytes = static_cast<size_t>(out * in), sbytes = static_cast<size_t>((out / 128) * (in / 128));
   const int copies = static_cast<int>(std::max<size_t>(1, kRotateBytes / wbytes));
   std::vector<DeviceBuffer> data, scale;
@@ -100,6 +115,7 @@ void bench_fp8_linear(FastLinear& fast, const char* name, int64_t out, int64_t i
   for (int64_t rows : {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 4096}) {
     if (groups > 1 && rows != 1 && rows != 8 && rows != 16 && rows != 32 && rows != 64 && rows != 256 && rows != 4096)
       continue;
+    if (!selected(name, rows)) continue;
     DeviceBuffer x(static_cast<size_t>(rows * xin) * 4), y(static_cast<size_t>(rows * out) * 4);
     // Random activations (zeros would let the hardware skip work): N(0, 1).
     dsv4::cuda::fill_normal_f32(x.as<float>(), rows * xin, 1.f, 5 + rows, nullptr);
@@ -170,6 +186,7 @@ void bench_fp8_linear(FastLinear& fast, const char* name, int64_t out, int64_t i
 // BF16 weights (head, compressors, router, indexer weights): fp32 math (exact precision) against
 // FastLinear (GEMV up to gemv_max_rows, then bf16 tensor cores through cuBLASLt).
 void bench_bf16_linear(FastLinear& fast, const char* name, int64_t out, int64_t in) {
+  if (!listed("BENCH_LINEAR_ONLY", name)) return;
   const size_t wbytes = static_cast<size_t>(out * in) * 2;
   const int copies = static_cast<int>(std::max<size_t>(1, kRotateBytes / wbytes));
   std::vector<DeviceBuffer> data;
@@ -186,6 +203,7 @@ void bench_bf16_linear(FastLinear& fast, const char* name, int64_t out, int64_t 
     views.push_back(w);
   }
   for (int64_t rows : {1, 2, 16, 64, 256, 4096}) {
+    if (!selected(name, rows)) continue;
     DeviceBuffer x(static_cast<size_t>(rows * in) * 4), y(static_cast<size_t>(rows * out) * 4);
     dsv4::cuda::fill_normal_f32(x.as<float>(), rows * in, 1.f, 9 + rows, nullptr);
     const double bytes = double(wbytes) + rows * in * 4.0 + rows * out * 4.0, flops = 2.0 * rows * out * in;
@@ -339,7 +357,8 @@ void bench_moe() {
 
 }  // namespace
 
-// Usage: bench_linear [linear|moe] (default both; one part keeps ncu runs short).
+// Usage: bench_linear [linear|moe] (default both; one part keeps ncu runs short). BENCH_LINEAR_ONLY /
+// BENCH_LINEAR_ROWS narrow the linear part to some weights and row counts (selected()).
 int main(int argc, char** argv) {
   if (!available()) {
     std::printf("no CUDA device\n");

@@ -19,7 +19,8 @@
 # ops-ncu: bench_ops hc + attention, ncu of the mHC and attention kernels at 4096 rows, the
 # EXTRA_TESTS and `dsv4 bench --profile`.
 # moe-profile: ncu sections (bandwidth, stalls, occupancy) of the tensor-core MoE kernels at 1 and 64
-# tokens, of the FP8 tensor-core GEMV (wq_b, 1 row) and of the small kernels of a decode step.
+# tokens, of the FP8 tensor-core GEMV (wq_b, wo_a, wo_b at 1 row, with DRAM / L2 counters) and of
+# the small kernels of a decode step.
 # dev: EXTRA_TESTS, MEMCHECK ("binary filter;..."), bench_linear BENCH_LINEAR, bench_ops
 # BENCH_OPS_PARTS, `dsv4 bench --profile`, GEN_CHECK=1: the CLI speculative checks, NSYS=1: nsys
 # kernel sums of batch-1 graph steps, then step (a few decode kernels changed); E2E=0 / STEP=0
@@ -343,12 +344,18 @@ if [[ "$MODE" == moe-profile ]]; then
     summary+=("ncu moe $1: rc=$?")
     cp "$LOG/ncu-moe-$1.txt" "$OUT/" 2>/dev/null
   done
-  # The FP8 tensor-core GEMV on wq_b at 1 row (after wq_a's 4 x 28 calls and 3 warm-ups).
-  timeout 150 ncu --kernel-name regex:"fp8_mma_gemv" --launch-skip 115 --launch-count 1 \
-    --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
-    --section SchedulerStats "$BUILD/bench/bench_linear" linear >"$LOG/ncu-fp8-gemv.txt" 2>&1
-  summary+=("ncu fp8 gemv: rc=$?")
-  cp "$LOG/ncu-fp8-gemv.txt" "$OUT/" 2>/dev/null
+  # The FP8 tensor-core GEMV at 1 row on the three 32 MB weights, one each (bench_linear's
+  # filters leave only that weight and row count: launch 3 is the first timed call after the
+  # warm-ups), with the DRAM and L2 counters that step 22 left as the next look.
+  for wname in wq_b wo_a wo_b; do
+    BENCH_LINEAR_ONLY=$wname BENCH_LINEAR_ROWS=1 timeout 150 ncu --kernel-name regex:"fp8_mma_gemv" --launch-skip 3 \
+      --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables \
+      --section WarpStateStats --section Occupancy --section SchedulerStats --section LaunchStats \
+      --metrics dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_sector_hit_rate.pct,lts__t_sectors_srcunit_tex_op_read.sum,sm__cycles_active.avg,gpc__cycles_elapsed.max \
+      "$BUILD/bench/bench_linear" linear >"$LOG/ncu-fp8-gemv-$wname.txt" 2>&1
+    summary+=("ncu fp8 gemv $wname: rc=$? $(grep -E ' Duration|dram__throughput' "$LOG/ncu-fp8-gemv-$wname.txt" | tr -s ' ' | tr '\n' ';')")
+    cp "$LOG/ncu-fp8-gemv-$wname.txt" "$OUT/" 2>/dev/null
+  done
   # The small per-layer kernels of a batch-1 decode step (one launch of each).
   timeout 150 ncu --nvtx --nvtx-include "dsv4_decode_step/" \
     --kernel-name regex:"hc_project|hc_pre_finish|attention_kernel|attention_merge|moe_route|rms_norm|quant_kernel" \
