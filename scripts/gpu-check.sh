@@ -18,7 +18,8 @@
 # of every kernel of one MoeRunner::run).
 # ops-ncu: bench_ops hc + attention, ncu of the mHC and attention kernels at 4096 rows, the
 # EXTRA_TESTS and `dsv4 bench --profile`.
-# moe-profile: ncu sections (bandwidth, stalls, occupancy) of the tensor-core MoE kernels at 1 and 64
+# moe-profile: bench_hops (µs per dependent hop: graph, PDL, persistent grid barrier), ncu sections
+# (bandwidth, stalls, occupancy) of the tensor-core MoE kernels at 1 and 64
 # tokens, of the FP8 tensor-core GEMV (wq_b, wo_a, wo_b at 1 row, with DRAM / L2 counters) and of
 # the small kernels of a decode step.
 # dev: EXTRA_TESTS, MEMCHECK ("binary filter;..."), bench_linear BENCH_LINEAR, bench_ops
@@ -331,6 +332,11 @@ if [[ "$MODE" == moe-ncu ]]; then
 fi
 
 if [[ "$MODE" == moe-profile ]]; then
+  # The fixed cost of a dependent hop (graph chain, PDL chain) against a persistent kernel's grid
+  # barrier: what the batch-1 chain's ~17 hops a layer cost, in seconds of runtime.
+  timeout 60 "$BUILD/bench/bench_hops" >"$LOG/bench_hops.log" 2>&1
+  summary+=("bench_hops: rc=$? $(grep -E 'per hop|not co-resident' "$LOG/bench_hops.log" | tr -s ' ' | tr '\n' ';')")
+  save
   # bench_linear moe, packed experts (the layout a Fast model runs): per token count and kernel
   # variant (default FP8 wgmma, mma.sync, mma.sync rb1, mma.sync occ2) 28 calls of (gateup,
   # down); skip three warm-up calls of the default. 1 token: launches 6-7; 64 tokens: after 2
