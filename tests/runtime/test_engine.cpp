@@ -221,7 +221,9 @@ TEST(Engine, SeededSamplingIsIndependentOfBatchComposition) {
     for (int i = 3; i < 5; ++i) eng.submit(make_request(prompt_of(3 + 4 * i, 20 + i), 8, &noise[i]));
     eng.run_until_idle();
     EXPECT_EQ(mine.tokens, ref.tokens) << "max_batch " << batch;
-    if (batch == 6) EXPECT_GT(eng.stats().preemptions, 0);
+    if (batch == 6) {
+      EXPECT_GT(eng.stats().preemptions, 0);
+    }
   }
 }
 
