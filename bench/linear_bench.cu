@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -325,9 +326,13 @@ void bench_moe() {
         tiles.push_back({0, 3, 2, 0, 0, " 64-token wgmma tiles"});
         tiles.push_back({0, 3, 3, 0, 0, " 128-token wgmma tiles"});
         tiles.push_back({0, 3, 4, 0, 0, " 128-token fp8 wgmma tiles"});
+        tiles.push_back({0, 3, 5, 0, 0, " 128-token fp8 ws tiles"});
       }
       const std::vector<Variant> variants = !packed ? std::vector<Variant>{all[0]} : R < 256 ? all : tiles;
+      // BENCH_MOE_VARIANT=text: the default and the variants whose tag holds text (e.g. "fp8").
+      const char* want = std::getenv("BENCH_MOE_VARIANT");
       for (const Variant& v : variants) {
+        if (want && *want && *v.tag && !std::strstr(v.tag, want)) continue;
         const int rb = v.rb;
         for (Precision p : {Precision::Exact, Precision::Fast}) {
           if ((packed || R > 256) && p == Precision::Exact) continue;  // Exact at 4096 tokens: seconds

@@ -18,6 +18,8 @@
 # of every kernel of one MoeRunner::run).
 # ops-ncu: bench_ops hc + attention, ncu of the mHC and attention kernels at 4096 rows, the
 # EXTRA_TESTS and `dsv4 bench --profile`.
+# moe-ws: the warp-specialised FP8 prefill expert kernels: bitwise tests, sanitizers, bench_linear,
+# e2e prefill with and without them.
 # moe-profile: bench_hops (µs per dependent hop: graph, PDL, persistent grid barrier), ncu sections
 # (bandwidth, stalls, occupancy) of the tensor-core MoE kernels at 1 and 64
 # tokens, of the FP8 tensor-core GEMV (wq_b, wo_a, wo_b at 1 row, with DRAM / L2 counters) and of
@@ -331,6 +333,33 @@ if [[ "$MODE" == moe-ncu ]]; then
   save
 fi
 
+if [[ "$MODE" == moe-ws ]]; then
+  # The warp-specialised FP8 prefill expert kernels against the wide ones: the bitwise tests (a
+  # hang is cut by the timeout), memcheck / racecheck / synccheck on them, bench_linear moe at
+  # MOE_WS_TOKENS (default 2048,4096,8192) for the FP8 variants, then e2e prefill 8192 with
+  # DSV4_MOE_PREFILL_WS=1 and without, alternating (E2E_AB's machinery).
+  timeout 150 "$BUILD/tests/cuda/cuda_moe_test" --gtest_filter='*Fp8*:*Wgmma*' >"$LOG/moe-ws-test.log" 2>&1
+  rc=$?
+  summary+=("cuda_moe_test Fp8/Wgmma: rc=$rc $(grep -E 'PASSED|FAILED|differ from' "$LOG/moe-ws-test.log" | tr -s ' ' | tr '\n' ';')")
+  save
+  if [[ $rc == 0 ]]; then
+    BENCH_MOE_TOKENS="${MOE_WS_TOKENS:-2048,4096,8192}" BENCH_MOE_VARIANT=fp8 timeout 200 "$BUILD/bench/bench_linear" moe \
+      >"$LOG/bench_linear-ws.log" 2>&1
+    summary+=("bench_linear moe fp8: rc=$?")
+    while IFS= read -r line; do summary+=("  $line"); done < <(grep -E "moe fp4" "$LOG/bench_linear-ws.log")
+    save
+    E2E_BATCHES="${E2E_BATCHES:-1}" E2E_PREFILL="${E2E_PREFILL:-8192}" E2E_AB="DSV4_MOE_PREFILL_WS=1;;DSV4_MOE_PREFILL_WS=1"
+    [[ "${WS_E2E:-1}" == 1 ]] && e2e_ab
+    E2E_AB=""
+    for tool in memcheck synccheck racecheck; do
+      timeout 100 compute-sanitizer --tool $tool --error-exitcode 9 "$BUILD/tests/cuda/cuda_moe_test" \
+        --gtest_filter='*Fp8WarpSpecialised*' >"$LOG/sanitizer-ws-$tool.log" 2>&1
+      summary+=("$tool ws: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOG/sanitizer-ws-$tool.log" | tail -1)")
+      save
+    done
+  fi
+fi
+
 if [[ "$MODE" == moe-profile ]]; then
   # The fixed cost of a dependent hop (graph chain, PDL chain) against a persistent kernel's grid
   # barrier: what the batch-1 chain's ~17 hops a layer cost, in seconds of runtime.
@@ -341,7 +370,7 @@ if [[ "$MODE" == moe-profile ]]; then
   # variant (default FP8 wgmma, mma.sync, mma.sync rb1, mma.sync occ2) 28 calls of (gateup,
   # down); skip three warm-up calls of the default. 1 token: launches 6-7; 64 tokens: after 2
   # token counts x 4 variants x 28 calls.
-  for case in "1tok 6" "64tok 454"; do
+  [[ "${PROFILE_NCU_MOE:-1}" == 1 ]] && for case in "1tok 6" "64tok 454"; do
     set -- $case
     timeout 150 ncu --kernel-name-base demangled --kernel-name regex:"_fp8_kernel|mma_kernel<.*\(bool\)1" \
       --launch-skip "$2" --launch-count 2 \
@@ -362,8 +391,8 @@ if [[ "$MODE" == moe-profile ]]; then
     summary+=("ncu fp8 gemv $wname: rc=$? $(grep -E ' Duration|dram__throughput' "$LOG/ncu-fp8-gemv-$wname.txt" | tr -s ' ' | tr '\n' ';')")
     cp "$LOG/ncu-fp8-gemv-$wname.txt" "$OUT/" 2>/dev/null
   done
-  # The small per-layer kernels of a batch-1 decode step (one launch of each).
-  timeout 150 ncu --nvtx --nvtx-include "dsv4_decode_step/" \
+  # The small per-layer kernels of a batch-1 decode step (one launch of each; PROFILE_SMALL_OPS=0 skips).
+  [[ "${PROFILE_SMALL_OPS:-1}" == 1 ]] && timeout 150 ncu --nvtx --nvtx-include "dsv4_decode_step/" \
     --kernel-name regex:"hc_project|hc_pre_finish|attention_kernel|attention_merge|moe_route|rms_norm|quant_kernel" \
     --launch-count 30 --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section LaunchStats \
     --section Occupancy "$BUILD/tools/dsv4" bench --preset v4-flash --layers 4 --random-weights --batches 1 \

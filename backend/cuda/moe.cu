@@ -356,6 +356,13 @@ const bool g_prefill_fp8 = [] {
   const char* env = std::getenv("DSV4_MOE_PREFILL_FP8");
   return !(env && env[0] == '0');
 }();
+// Which FP8 kernels the by-size rule runs (same bits): the warp-specialised ones
+// (moe_wgmma_fp8_ws.cu) with DSV4_MOE_PREFILL_WS=1, else moe_wgmma_fp8_wide.cu (bench/NOTES.md
+// step 23).
+const bool g_prefill_ws = [] {
+  const char* env = std::getenv("DSV4_MOE_PREFILL_WS");
+  return env && env[0] == '1';
+}();
 
 // Wide tiles on wgmma (moe_wgmma.cu) where the device and build have it, unless mode 1 asks
 // for the mma.sync ones.
@@ -466,9 +473,9 @@ void set_moe_decode_tile(int tokens) {
 }
 
 void set_moe_wide_tiles(int mode) {
-  DSV4_CHECK(mode >= -1 && mode <= 4,
+  DSV4_CHECK(mode >= -1 && mode <= 5,
              "set_moe_wide_tiles: -1 (8-token tiles), 0 (by size), 1 (64-token mma.sync tiles), 2 / 3 (64- / "
-             "128-token wgmma tiles), 4 (64-token FP8 wgmma tiles)");
+             "128-token wgmma tiles), 4 / 5 (128-token FP8 wgmma tiles, warp-specialised in 5)");
   g_wide_mode = mode;
 }
 
@@ -593,8 +600,9 @@ void MoeRunner::run_impl(const ExpertSet& set, const float* x, int64_t R, const 
   }
   const bool wide = mma && tb.packed && wide_tiles(pairs, E);
   const bool wgmma = wide && wgmma_tiles();
-  const bool fp8_wide = wgmma && (g_wide_mode == 4 || (g_wide_mode == 0 && g_prefill_fp8 && I % 64 == 0 &&
-                                                        wgmma_tile_tokens(pairs, E) == 128));
+  const bool fp8_wide = wgmma && (g_wide_mode == 4 || g_wide_mode == 5 ||
+                                  (g_wide_mode == 0 && g_prefill_fp8 && I % 64 == 0 && wgmma_tile_tokens(pairs, E) == 128));
+  const bool fp8_ws = fp8_wide && (g_wide_mode == 5 || (g_wide_mode == 0 && g_prefill_ws));
   const bool fp8 = mma && !wide && tb.packed && decode_wgmma(d, I);  // FP8 wgmma 8- / 16-token tiles
   const int T = fp8_wide ? kMoeFp8WideTokens
                 : wgmma ? wgmma_tile_tokens(pairs, E)
@@ -645,9 +653,10 @@ void MoeRunner::run_impl(const ExpertSet& set, const float* x, int64_t R, const 
     uint8_t *xq = m.xq8.as<uint8_t>(), *hq = m.hq8.as<uint8_t>();
     float *xs = m.xsc.as<float>(), *hs = m.hsc.as<float>();
     act_quant_fp8_wgmma_b(x, R, d, d, xq, d, xs, s);
-    fp8_wide_gateup(tab, tiles, nt, max_tiles, sp, static_cast<int>(K), xq, xs, R, R, d, I, limit, H, s);
+    (fp8_ws ? fp8_ws_gateup : fp8_wide_gateup)(tab, tiles, nt, max_tiles, sp, static_cast<int>(K), xq, xs, R, R, d,
+                                                I, limit, H, s);
     act_quant_fp8_wgmma_b(H, pairs, I, I, hq, I, hs, s);
-    fp8_wide_down(tab, tiles, nt, max_tiles, sp, hq, hs, pairs, pairs, d, I, Y, s);
+    (fp8_ws ? fp8_ws_down : fp8_wide_down)(tab, tiles, nt, max_tiles, sp, hq, hs, pairs, pairs, d, I, Y, s);
     finish(Y);
     return;
   }

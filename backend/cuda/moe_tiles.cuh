@@ -96,6 +96,15 @@ void fp8_wide_down(const DevWeight* tab, const MoeTile* tiles, const int32_t* n_
                    const int32_t* slot_pair, const uint8_t* hq, const float* hs, int64_t ldhs, int64_t h_rows, int64_t d,
                    int64_t I, float* Y, cudaStream_t s);
 
+// The same products, sums and bits from the warp-specialised kernels (moe_wgmma_fp8_ws.cu: a
+// producer warpgroup copies and converts, two consumer warpgroups run the wgmmas; same contracts
+// and requirements).
+void fp8_ws_gateup(const DevWeight* tab, const MoeTile* tiles, const int32_t* n_tiles, unsigned max_tiles,
+                   const int32_t* slot_pair, int K, const uint8_t* xq, const float* xs, int64_t ldxs, int64_t x_rows,
+                   int64_t d, int64_t I, float limit, float* H, cudaStream_t s);
+void fp8_ws_down(const DevWeight* tab, const MoeTile* tiles, const int32_t* n_tiles, unsigned max_tiles,
+                 const int32_t* slot_pair, const uint8_t* hq, const float* hs, int64_t ldhs, int64_t h_rows, int64_t d,
+                 int64_t I, float* Y, cudaStream_t s);
 // h = silu(min(g, L)) * clamp(v, ±L) (limit <= 0: plain SwiGLU), every expert kernel's epilogue.
 __device__ __forceinline__ float swiglu_clamped(float g, float v, float limit) {
   if (limit > 0.f) {

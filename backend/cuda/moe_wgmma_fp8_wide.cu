@@ -1,14 +1,9 @@
 // Routed experts at prefill sizes on FP8 warpgroup MMA (sm_90a). The bf16 wgmma kernels
 // (moe_wgmma.cu) convert every e2m1 weight to bf16 with its scale and run at about half the bf16
-// rate. Here a weight becomes an e4m3 byte with its E8M0 group scale folded in: in one row's
-// 128-block, group j (32 values) is written as e2m1 · 2^(k_j - 6) with k_j = e_j - base, base =
-// the largest exponent - 12, so k_j <= 12 keeps every value finite, and k_j >= 1 (exponents at
-// most 11 apart, the common case) keeps it exact, by a byte lookup (prmt) per 4 values from
-// tables of two integer multiply-adds. The four k32 steps of a block then chain on the tensor
-// core into one accumulator, promoted once per block into the fp32 sum with the row's 2^(base -
-// 127) times the column's activation scale (DeepGEMM's per-128 promotion). Rows whose exponents
-// spread wider take rounded tables: the smaller groups' values round to e4m3 (subnormals from
-// 2^-9 of the largest group's scale), below the FP8 activation rounding.
+// rate. Here a weight becomes an e4m3 byte with its E8M0 group scale folded in (moe_fp8_fold.cuh),
+// in the consumer's registers (the A operand). The four k32 steps of a block then chain on the
+// tensor core into one accumulator, promoted once per block into the fp32 sum with the row's
+// 2^(base - 127) times the column's activation scale (DeepGEMM's per-128 promotion).
 // The activation codes (act_quant_fp8_wgmma_b: 16-byte chunks are core-matrix rows) are the B
 // operand, staged by cp.async into the 128-byte swizzle.
 //
@@ -26,6 +21,7 @@
 #include "backend/cuda/cp_async.cuh"
 #include "backend/cuda/device.h"
 #include "backend/cuda/mma_e4m3.cuh"
+#include "backend/cuda/moe_fp8_fold.cuh"
 #include "backend/cuda/moe_packed_fragments.cuh"
 #include "backend/cuda/moe_tiles.cuh"
 #include "backend/cuda/pdl.cuh"
@@ -80,76 +76,21 @@ __device__ __forceinline__ void stage_block(Stage& st, const uint8_t* xq, const 
   cp_async_commit();
 }
 
-// A row's exponent base over all of K: base = its largest E8M0 exponent - 12, so that every
-// group's k = e - base <= 12; k >= 1 (exact tables) for groups within 11 of the largest. The
-// row's scale 2^(base - 127) is applied once, in the epilogue (NaN for a 0xFF byte).
-struct RowBase {
-  uint32_t clo, chi, kmin4;  // table constants; the smallest byte with exact tables (base + 1) x 4
-  int base;
-  float scale;
-};
-
-// The base of row r of slice e (sc scale bytes per row); the four lanes q of the row's quad
-// split its words.
-__device__ __forceinline__ RowBase row_base(const uint8_t* e, int64_t sc) {
-  const int q = threadIdx.x & 3;
-  uint32_t m = 0;
-  for (int64_t i = q; i < sc / 4; i += 4) m = __vmaxu4(m, __ldg(reinterpret_cast<const uint32_t*>(e) + i));
-  m = __vmaxu4(m, __shfl_xor_sync(0xFFFFFFFFu, m, 1));
-  m = __vmaxu4(m, __shfl_xor_sync(0xFFFFFFFFu, m, 2));
-  const uint32_t hi = max(max(m & 0xFFu, (m >> 8) & 0xFFu), max((m >> 16) & 0xFFu, m >> 24));
-  const int base = static_cast<int>(hi) - 12;
-  RowBase rb;
-  rb.clo = 0x0C080000u - static_cast<uint32_t>(base) * 0x08080800u;
-  rb.chi = 0x1C181410u - static_cast<uint32_t>(base) * 0x08080808u;
-  rb.kmin4 = static_cast<uint32_t>(max(base + 1, 0)) * 0x01010101u;
-  rb.base = base;
-  rb.scale = hi == 0xFFu ? __int_as_float(0x7FC00000) : base >= 1 ? __int_as_float(base << 23) : ldexpf(1.f, base - 127);
-  return rb;
-}
-
-// Byte permute with PTX prmt's default mode (selector nibble bit 3 clear: plain byte select).
-__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
-  uint32_t r;
-  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
-  return r;
-}
-
-// Eight e2m1 (element 2i in the low nibble of byte i) -> e4m3 bytes through a group's tables
-// (bytes for magnitudes 0-3 / 4-7), in e2m1x8_e4m3's order (even = elements 0, 2, 4, 6; odd = 1,
-// 3, 5, 7): the word's nibbles (sign bits cleared) are prmt selectors as stored, so elements 0-3
-// and 4-7 are looked up in two prmts, split into even / odd in two more, and the signs moved onto
-// bit 7. Exact tables for k in [1, 12]: e2m1 code c (e1 e0 m) -> (c << 2) + 8k for c >= 2 (the
-// exponent field + k), 8k for 0.5, 0 for 0.
-__device__ __forceinline__ void e2m1x8_e4m3_folded(uint32_t w, uint32_t lo, uint32_t hi, uint32_t& even,
-                                                   uint32_t& odd) {
-  const uint32_t m = w & 0x77777777u;
-  const uint32_t v03 = prmt(lo, hi, m), v47 = prmt(lo, hi, m >> 16);
-  even = prmt(v03, v47, 0x6420u) | ((w << 4) & 0x80808080u);
-  odd = prmt(v03, v47, 0x7531u) | (w & 0x80808080u);
-}
-
 // A warpgroup's A fragments of one block: a[j] = k-step j in wgmma order (row g even, row g + 8
 // even, row g odd, row g + 8 odd).
 struct Frag {
   uint32_t a[4][4];
 };
 
-// Blocks where a group of row g or g + 8 lies 12 or more exponents below its row's largest (or
-// the row holds 0xFF): every group's table rounded to nearest (the same bytes as the exact tables
-// where those apply; smaller values become e4m3 subnormals or 0). Out of line: the common path
-// stays free of calls.
+// Blocks where a group of row g or g + 8 needs rounded tables (needs_rounding): every group's
+// table rounded. Out of line: the common path stays free of calls.
 __device__ __noinline__ Frag fold_rounded(uint4 wa, uint4 wb, uint32_t ea, uint32_t eb, int base_a, int base_b) {
-  const float mag[8] = {0.f, 0.5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f};
   Frag f;
   for (int r = 0; r < 2; ++r)
     for (int j = 0; j < 4; ++j) {
-      const int k = static_cast<int>(((r ? eb : ea) >> (8 * j)) & 0xFFu) - (r ? base_b : base_a);
-      uint32_t t[2] = {0u, 0u};
-      for (int c = 1; c < 8; ++c)
-        t[c >> 2] |= static_cast<uint32_t>(__nv_cvt_float_to_fp8(ldexpf(mag[c], k - 6), __NV_SATFINITE, __NV_E4M3))
-                     << (8 * (c & 3));
-      e2m1x8_e4m3_folded(word_of(r ? wb : wa, j), t[0], t[1], f.a[j][r], f.a[j][r + 2]);
+      uint32_t lo, hi;
+      rounded_tables(static_cast<int>(((r ? eb : ea) >> (8 * j)) & 0xFFu) - (r ? base_b : base_a), lo, hi);
+      e2m1x8_e4m3_folded(word_of(r ? wb : wa, j), lo, hi, f.a[j][r], f.a[j][r + 2]);
     }
   return f;
 }
@@ -161,9 +102,7 @@ __device__ __forceinline__ void fold_block(const Stage& st, const RowBase& ra, c
   const uint4 wa = *reinterpret_cast<const uint4*>(&st.w[s][lr][16 * q]);
   const uint4 wb = *reinterpret_cast<const uint4*>(&st.w[s][lr + 8][16 * q]);
   const uint32_t ea = st.e[s][lr], eb = st.e[s][lr + 8];
-  // Exact when every byte is >= kmin: the byte-wise saturating difference is then all zero.
-  const uint32_t short_a = __vsubus4(ra.kmin4, ea), short_b = __vsubus4(rb.kmin4, eb);
-  if (__builtin_expect((short_a | short_b) != 0u, 0)) {
+  if (__builtin_expect(needs_rounding(ra, ea) || needs_rounding(rb, eb), 0)) {
     const Frag f = fold_rounded(wa, wb, ea, eb, ra.base, rb.base);
 #pragma unroll
     for (int j = 0; j < 4; ++j)
@@ -174,8 +113,11 @@ __device__ __forceinline__ void fold_block(const Stage& st, const RowBase& ra, c
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     const uint32_t ba = (ea >> (8 * j)) & 0xFFu, bb = (eb >> (8 * j)) & 0xFFu;
-    e2m1x8_e4m3_folded(word_of(wa, j), ra.clo + ba * 0x08080800u, ra.chi + ba * 0x08080808u, a[j][0], a[j][2]);
-    e2m1x8_e4m3_folded(word_of(wb, j), rb.clo + bb * 0x08080800u, rb.chi + bb * 0x08080808u, a[j][1], a[j][3]);
+    uint32_t lo, hi;
+    exact_tables(ra, ba, lo, hi);
+    e2m1x8_e4m3_folded(word_of(wa, j), lo, hi, a[j][0], a[j][2]);
+    exact_tables(rb, bb, lo, hi);
+    e2m1x8_e4m3_folded(word_of(wb, j), lo, hi, a[j][1], a[j][3]);
   }
 }
 
@@ -191,20 +133,6 @@ __device__ __forceinline__ void issue_block(float (&c)[N / 2], const uint32_t (&
       wgmma_m64n64k32_e4m3_rs(c, a[j], wgmma_desc_sw128(st.act + 32 * j), j > 0);
   }
   wgmma_commit();
-}
-
-// acc += c · the column's activation scale (accumulator i: column 8 (i / 4) + 2q + i % 2).
-template <int N>
-__device__ __forceinline__ void promote(const float (&c)[N / 2], const float* xs, float (&acc)[N / 2]) {
-  const int q = threadIdx.x & 3;
-#pragma unroll
-  for (int u = 0; u < N / 8; ++u) {
-    const float2 v = *reinterpret_cast<const float2*>(&xs[8 * u + 2 * q]);
-    acc[4 * u + 0] = fmaf(c[4 * u + 0], v.x, acc[4 * u + 0]);
-    acc[4 * u + 1] = fmaf(c[4 * u + 1], v.y, acc[4 * u + 1]);
-    acc[4 * u + 2] = fmaf(c[4 * u + 2], v.x, acc[4 * u + 2]);
-    acc[4 * u + 3] = fmaf(c[4 * u + 3], v.y, acc[4 * u + 3]);
-  }
 }
 
 // What the pipeline steps share.
@@ -276,8 +204,8 @@ __device__ __forceinline__ void slice_times_tile(unsigned char* smem, const uint
   {  // the weights' scales are not written by the kernel before this one (pdl.cuh)
     const int ws = threadIdx.x >> 7, lr = 16 * ((threadIdx.x >> 5) & 3) + ((threadIdx.x & 31) >> 2);
     const uint8_t* e = ws ? ep[1] : ep[0];
-    p.ra = row_base(e + lr * sc, sc);
-    p.rb = row_base(e + (lr + 8) * sc, sc);
+    p.ra = row_base_quad(e + lr * sc, sc);
+    p.rb = row_base_quad(e + (lr + 8) * sc, sc);
     rs[0] = p.ra.scale;
     rs[1] = p.rb.scale;
   }
@@ -310,28 +238,11 @@ __device__ __forceinline__ void slice_times_tile(unsigned char* smem, const uint
   __syncthreads();  // the stages are free for the epilogue
 }
 
-// The epilogue's [128 rows][kExPitch] floats (warpgroup s at rows 64 s): this thread's
-// accumulators times 2^6 and their row's scale.
+// The epilogue's [128 rows][kExPitch] floats (warpgroup s at rows 64 s).
 template <int N>
 __device__ __forceinline__ void stash(const float (&acc)[N / 2], const float (&rs)[2], float* ex) {
-  const int q = threadIdx.x & 3,
-            row = 64 * (threadIdx.x >> 7) + 16 * ((threadIdx.x >> 5) & 3) + ((threadIdx.x & 31) >> 2);
-  const float s0 = rs[0] * kE2m1E4m3Unscale, s1 = rs[1] * kE2m1E4m3Unscale;
-#pragma unroll
-  for (int i = 0; i < N / 2; ++i)
-    ex[(row + (i & 2) * 4) * kExPitch + 8 * (i >> 2) + 2 * q + (i & 1)] = acc[i] * (i & 2 ? s1 : s0);
+  stash_rows<N>(acc, rs[0], rs[1], 64 * (threadIdx.x >> 7), threadIdx.x & 127, ex, kExPitch);
   __syncthreads();
-}
-
-// The weight slices of a CTA: gate/up W1 and W3 at rows r0 (its h rows r0 .. r0 + 63); down two
-// 64-row slices of W2 from r0.
-__device__ __forceinline__ void slice_pointers(const DevWeight& w0, int64_t r0_0, const DevWeight& w1, int64_t r0_1,
-                                               const uint8_t* (&wp)[2], const uint8_t* (&ep)[2]) {
-  const int64_t rb = w0.in / 2, sc = w0.scale_cols;
-  wp[0] = w0.data + packed_row_offset(r0_0, rb);
-  wp[1] = w1.data + packed_row_offset(r0_1, rb);
-  ep[0] = w0.scale + r0_0 * sc;
-  ep[1] = w1.scale + r0_1 * sc;
 }
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL

@@ -6,6 +6,7 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <numeric>
 #include <string>
 
@@ -525,15 +526,53 @@ TEST(CudaMoe, Fp8WideTilesFoldSpreadScales) {
   cuda::set_moe_decode_wgmma(0);
   cuda::set_moe_wide_tiles(4);
   const std::vector<float> wide = run_poisoned(runner, ex, rt, R, K);
+  cuda::set_moe_wide_tiles(5);  // the warp-specialised kernels fold in another place: same bytes
+  const std::vector<float> ws = run_poisoned(runner, ex, rt, R, K);
   cuda::set_moe_wide_tiles(0);
-  size_t bad = 0;
-  for (float v : wide) bad += !std::isfinite(v);
+  size_t bad = 0, differ = 0;
+  for (size_t i = 0; i < wide.size(); ++i) {
+    bad += !std::isfinite(wide[i]);
+    differ += std::memcmp(&wide[i], &ws[i], sizeof(float)) != 0;
+  }
   EXPECT_EQ(bad, 0u);
+  EXPECT_EQ(differ, 0u) << "warp-specialised FP8 tiles differ from the wide kernels on spread scales";
   const double narrow_cpu = rel_error(narrow, ref), wide_cpu = rel_error(wide, ref);
   std::printf("moe fp8 prefill tiles, spread scales: vs cpu %.2e (8-token vs cpu %.2e), vs 8-token %.2e\n", wide_cpu,
               narrow_cpu, rel_error(wide, narrow));
   EXPECT_LE(wide_cpu, std::max(1e-2, 2 * narrow_cpu));
   EXPECT_LE(rel_error(wide, narrow), 1e-2);
+}
+
+// The warp-specialised FP8 prefill kernels (a producer warpgroup folds the weights into shared
+// memory, two consumers run shared-memory wgmmas) compute the wide kernels' products in the same
+// order: outputs bit for bit equal. Shapes: 2 blocks of K (fewer than the copies run ahead), 10 /
+// 9 (the 5-stage ring wraps), tiles of 1-2 tokens (N = 64), 75-150 (N = 128) and several per
+// expert with partial last ones.
+TEST(CudaMoe, Fp8WarpSpecialisedTilesMatchWide) {
+  DSV4_REQUIRE_GPU();
+  if (!cuda::moe_wgmma_available()) GTEST_SKIP() << "wgmma expert tiles need an sm_90 device and an arch-90a build";
+  for (auto [E, d, I, K] : {std::array<int64_t, 4>{16, 256, 128, 4}, {8, 512, 384, 2}, {8, 1280, 1152, 2}}) {
+    Experts ex = make_experts(Kind::FP4, static_cast<int>(E), d, I);
+    cuda::MoeRunner runner;
+    ASSERT_TRUE(runner.pack_for_tensor_cores(ex.dev, nullptr));
+    for (int64_t R : {5, 300, 700}) {
+      const Routing rt = make_routing(R, d, K, static_cast<int>(E));
+      cuda::set_moe_wide_tiles(4);
+      const std::vector<float> wide = run_poisoned(runner, ex, rt, R, K);
+      cuda::set_moe_wide_tiles(5);
+      const std::vector<float> ws = run_poisoned(runner, ex, rt, R, K);
+      cuda::set_moe_wide_tiles(0);
+      size_t differ = 0, bad = 0;
+      for (size_t i = 0; i < ws.size(); ++i) {
+        differ += std::memcmp(&wide[i], &ws[i], sizeof(float)) != 0;
+        bad += !std::isfinite(ws[i]);
+      }
+      std::printf("moe fp8 ws tiles d=%lld I=%lld R=%lld: %zu of %zu differ from the wide kernels\n", (long long)d,
+                  (long long)I, (long long)R, differ, ws.size());
+      EXPECT_EQ(bad, 0u) << "d=" << d << " R=" << R << ": unwritten or non-finite outputs";
+      EXPECT_EQ(differ, 0u) << "d=" << d << " I=" << I << " R=" << R;
+    }
+  }
 }
 
 }  // namespace
