@@ -148,14 +148,17 @@ __device__ __forceinline__ void fold_row(Stage& st, int s, int lr, const RowBase
 
 // Warpgroup 0: every block's copies (kAhead ahead) and its row's conversion, then the full
 // barrier's arrival. A stage is refilled once both consumers released the block it held.
+// The row's exponent base is found while the first copies are in flight.
 template <int N>
-__device__ __forceinline__ void produce(Stage* st, Shared& sh, const Producer<N>& p, int nkb) {
+__device__ __forceinline__ void produce(Stage* st, Shared& sh, Producer<N>& p, int64_t sc, int nkb) {
   for (int b = 0; b < kAhead; ++b) {
     if (b < nkb)
       copy_block<N>(st[b], p, b);
     else
       cp_async_commit();
   }
+  p.rb = row_base_thread(p.e, sc);
+  sh.row_scale[threadIdx.x] = p.rb.scale;
   for (int kb = 0; kb < nkb; ++kb) {
     const int nb = kb + kAhead;
     if (nb < nkb) {
@@ -229,10 +232,8 @@ __device__ __forceinline__ void tile_product(unsigned char* smem, Shared& sh, co
       const int i = threadIdx.x + kProducers * n;
       p.off[n] = static_cast<uint32_t>(sh.rows[i >> 3] * in + 16 * (i & 7));
     }
-    p.rb = row_base_thread(p.e, sc);  // the weights' scales: not written by the kernel before (pdl.cuh)
-    sh.row_scale[threadIdx.x] = p.rb.scale;
     pdl_wait();
-    produce<N>(st, sh, p, nkb);
+    produce<N>(st, sh, p, sc, nkb);
     __syncthreads();  // every stage released: the epilogue may reuse them
     __syncthreads();  // the consumers' sums are in ex
   } else {
