@@ -18,6 +18,7 @@
 #include <map>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "backend/cuda/act_quant.h"
 #include "backend/cuda/check.h"
@@ -26,6 +27,7 @@
 #include "backend/cuda/moe.h"
 #include "backend/cuda/moe_route.cuh"
 #include "backend/cuda/moe_tiles.cuh"
+#include "backend/cuda/pdl.cuh"
 
 namespace dsv4::cuda {
 namespace {
@@ -348,6 +350,16 @@ void combine(const float* Y, const int32_t* experts, const float* weights, int64
   DSV4_CUDA_LAUNCH_CHECK();
 }
 
+// One of the FP8 prefill kernels (a set's gate/up or down) over grid_x CTAs per tile, as a
+// programmatic dependent of the launch before.
+template <typename Kernel, typename... Args>
+void launch_fp8_tiles(Kernel kernel, const Fp8TileKernels& k, int64_t grid_x, unsigned max_tiles, cudaStream_t s,
+                      Args&&... args) {
+  DSV4_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(k.smem)));
+  launch_dependent(kernel, dim3(static_cast<unsigned>(grid_x), max_tiles), dim3(k.threads), k.smem, s,
+                   std::forward<Args>(args)...);
+}
+
 int g_wide_mode = 0;  // set_moe_wide_tiles
 // The by-size rule's 128-token wgmma tiles: FP8 (moe_wgmma_fp8_wide.cu: the official W4A8
 // numerics, h re-quantised to FP8) unless DSV4_MOE_PREFILL_FP8=0 (bf16 activations,
@@ -653,10 +665,15 @@ void MoeRunner::run_impl(const ExpertSet& set, const float* x, int64_t R, const 
     uint8_t *xq = m.xq8.as<uint8_t>(), *hq = m.hq8.as<uint8_t>();
     float *xs = m.xsc.as<float>(), *hs = m.hsc.as<float>();
     act_quant_fp8_wgmma_b(x, R, d, d, xq, d, xs, s);
-    (fp8_ws ? fp8_ws_gateup : fp8_wide_gateup)(tab, tiles, nt, max_tiles, sp, static_cast<int>(K), xq, xs, R, R, d,
-                                                I, limit, H, s);
+    const Fp8TileKernels k = fp8_ws ? fp8_ws_kernels() : fp8_wide_kernels();
+    DSV4_CHECK(wgmma_available() && d % 128 == 0 && I % 128 == 0 && R * d < int64_t{UINT32_MAX} &&
+                   pairs * I < int64_t{UINT32_MAX},
+               "MoeRunner: FP8 prefill tiles need an sm_90a device and build, d and I multiples of 128 and "
+               "activations within 32-bit offsets");
+    launch_fp8_tiles(k.gateup, k, I / 64, max_tiles, s,
+                     Fp8GateUpArgs{tab, tiles, nt, sp, static_cast<int>(K), xq, xs, R, d, I, limit, H});
     act_quant_fp8_wgmma_b(H, pairs, I, I, hq, I, hs, s);
-    (fp8_ws ? fp8_ws_down : fp8_wide_down)(tab, tiles, nt, max_tiles, sp, hq, hs, pairs, pairs, d, I, Y, s);
+    launch_fp8_tiles(k.down, k, d / 128, max_tiles, s, Fp8DownArgs{tab, tiles, nt, sp, hq, hs, pairs, d, I, Y});
     finish(Y);
     return;
   }

@@ -7,7 +7,7 @@
 // Rows whose exponents spread wider take rounded tables: the smaller groups' values round to e4m3
 // (subnormals from 2^-9 of the largest group's scale), below the FP8 activation rounding. Both
 // kernels build the same bytes, so their products and sums are the same bits. Also the
-// promotion and the epilogue stash they share. Only .cu files include this.
+// promotion and the epilogues they share. Only .cu files include this.
 #pragma once
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
@@ -145,6 +145,23 @@ __device__ __forceinline__ void slice_pointers(const DevWeight& w0, int64_t r0_0
   wp[1] = w1.data + packed_row_offset(r0_1, rb);
   ep[0] = w0.scale + r0_0 * sc;
   ep[1] = w1.scale + r0_1 * sc;
+}
+
+// The epilogues, from the [row][pitch] sums of a tile (every thread of the CTA): gate/up's h rows
+// r0 .. r0 + 63 of each token (SwiGLU of the W1 sums, rows 0-63, and the W3 sums, rows 64-127: 64
+// consecutive floats per token), down's y rows r0 .. r0 + 127 (128 consecutive floats per token).
+__device__ __forceinline__ void store_h(const float* ex, int pitch, const MoeTile& t, int64_t r0, int64_t I,
+                                        float limit, float* H) {
+  const int row = threadIdx.x & 63;
+  for (int col = threadIdx.x >> 6; col < t.count; col += blockDim.x / 64)
+    H[static_cast<int64_t>(t.start + col) * I + r0 + row] =
+        swiglu_clamped(ex[row * pitch + col], ex[(64 + row) * pitch + col], limit);
+}
+__device__ __forceinline__ void store_y(const float* ex, int pitch, const MoeTile& t, const int32_t* slot_pair,
+                                        int64_t r0, int64_t d, float* Y) {
+  const int row = threadIdx.x & 127;
+  for (int col = threadIdx.x >> 7; col < t.count; col += blockDim.x / 128)
+    Y[static_cast<int64_t>(slot_pair[t.start + col]) * d + r0 + row] = ex[row * pitch + col];
 }
 
 }  // namespace dsv4::cuda::detail

@@ -84,27 +84,44 @@ void fp8_decode_down(int tile_tokens, const DevWeight* tab, const MoeTile* tiles
                      unsigned max_tiles, const int32_t* slot_pair, const uint8_t* hq, const float* hs, int64_t ldhs,
                      int64_t d, int64_t I, float* Y, cudaStream_t s);
 
-// The FP8 wgmma prefill kernels (moe_wgmma_fp8_wide.cu): tiles of <= kMoeFp8WideTokens tokens on
-// packed weights, the codes of act_quant_fp8_wgmma_b (xq [x_rows, d], xs [d/128][ldxs]; hq
-// [h_rows, I]); the E8M0 group scales folded into the e4m3 weights, each 128-block's products
-// summed by the FP8 tensor core. Need wgmma_available(), I a multiple of 64, d and I of 128.
+// The FP8 wgmma prefill kernels: tiles of <= kMoeFp8WideTokens tokens on packed weights, the
+// codes of act_quant_fp8_wgmma_b (gate/up: xq [x_rows, d], xs [d/128][ldxs]; down: hq [h_rows, I],
+// hs [I/128][ldhs]); the E8M0 group scales folded into the e4m3 weights, each 128-block's products
+// summed by the FP8 tensor core. Two kernel sets compute the same bits: moe_wgmma_fp8_wide.cu
+// (each warpgroup converts its own weights) and moe_wgmma_fp8_ws.cu (warp-specialised: a
+// producer warpgroup copies and converts, two consumers run the wgmmas). Gate/up: one CTA per 64
+// rows of h and tile (H[slot, i] = swiglu(W1 x, W3 x)); down: one per 128 rows of y and tile
+// (Y[pair, :] = W2 h[slot]); both launched as programmatic dependents (moe.cu). Need
+// wgmma_available(), d and I multiples of 128.
 constexpr int kMoeFp8WideTokens = 128;
-void fp8_wide_gateup(const DevWeight* tab, const MoeTile* tiles, const int32_t* n_tiles, unsigned max_tiles,
-                     const int32_t* slot_pair, int K, const uint8_t* xq, const float* xs, int64_t ldxs, int64_t x_rows,
-                     int64_t d, int64_t I, float limit, float* H, cudaStream_t s);
-void fp8_wide_down(const DevWeight* tab, const MoeTile* tiles, const int32_t* n_tiles, unsigned max_tiles,
-                   const int32_t* slot_pair, const uint8_t* hq, const float* hs, int64_t ldhs, int64_t h_rows, int64_t d,
-                   int64_t I, float* Y, cudaStream_t s);
-
-// The same products, sums and bits from the warp-specialised kernels (moe_wgmma_fp8_ws.cu: a
-// producer warpgroup copies and converts, two consumer warpgroups run the wgmmas; same contracts
-// and requirements).
-void fp8_ws_gateup(const DevWeight* tab, const MoeTile* tiles, const int32_t* n_tiles, unsigned max_tiles,
-                   const int32_t* slot_pair, int K, const uint8_t* xq, const float* xs, int64_t ldxs, int64_t x_rows,
-                   int64_t d, int64_t I, float limit, float* H, cudaStream_t s);
-void fp8_ws_down(const DevWeight* tab, const MoeTile* tiles, const int32_t* n_tiles, unsigned max_tiles,
-                 const int32_t* slot_pair, const uint8_t* hq, const float* hs, int64_t ldhs, int64_t h_rows, int64_t d,
-                 int64_t I, float* Y, cudaStream_t s);
+struct Fp8GateUpArgs {
+  const DevWeight* tab;
+  const MoeTile* tiles;
+  const int32_t *n_tiles, *slot_pair;
+  int K;
+  const uint8_t* xq;
+  const float* xs;
+  int64_t ldxs, d, I;
+  float limit;
+  float* H;
+};
+struct Fp8DownArgs {
+  const DevWeight* tab;
+  const MoeTile* tiles;
+  const int32_t *n_tiles, *slot_pair;
+  const uint8_t* hq;
+  const float* hs;
+  int64_t ldhs, d, I;
+  float* Y;
+};
+struct Fp8TileKernels {
+  void (*gateup)(Fp8GateUpArgs);
+  void (*down)(Fp8DownArgs);
+  int threads;
+  size_t smem;
+};
+Fp8TileKernels fp8_wide_kernels();
+Fp8TileKernels fp8_ws_kernels();
 // h = silu(min(g, L)) * clamp(v, ±L) (limit <= 0: plain SwiGLU), every expert kernel's epilogue.
 __device__ __forceinline__ float swiglu_clamped(float g, float v, float limit) {
   if (limit > 0.f) {

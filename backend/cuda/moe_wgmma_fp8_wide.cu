@@ -247,99 +247,62 @@ __device__ __forceinline__ void stash(const float (&acc)[N / 2], const float (&r
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-__global__ void __launch_bounds__(kThreads, 1)
-    gateup_fp8_wide_kernel(const DevWeight* __restrict__ tab, const MoeTile* __restrict__ tiles,
-                           const int32_t* __restrict__ n_tiles, const int32_t* __restrict__ slot_pair, int K,
-                           const uint8_t* __restrict__ xq, const float* __restrict__ xs, int64_t ldxs, int64_t d,
-                           int64_t I, float limit, float* __restrict__ H) {
+__global__ void __launch_bounds__(kThreads, 1) gateup_fp8_wide_kernel(const Fp8GateUpArgs a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* smem = align_1024(smem_raw);
-  if (static_cast<int>(blockIdx.y) >= *n_tiles) return;
-  const MoeTile t = tiles[blockIdx.y];
+  if (static_cast<int>(blockIdx.y) >= *a.n_tiles) return;
+  const MoeTile t = a.tiles[blockIdx.y];
   int32_t* rows = reinterpret_cast<int32_t*>(smem + kStages * sizeof(Stage));
-  if (threadIdx.x < kTok) rows[threadIdx.x] = slot_pair[t.start + (threadIdx.x < t.count ? threadIdx.x : 0)] / K;
+  if (threadIdx.x < kTok) rows[threadIdx.x] = a.slot_pair[t.start + (threadIdx.x < t.count ? threadIdx.x : 0)] / a.K;
   __syncthreads();
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kSliceRows;
   const uint8_t *wp[2], *ep[2];
-  slice_pointers(tab[3 * t.expert], r0, tab[3 * t.expert + 2], r0, wp, ep);  // W1, W3
-  const int64_t sc = tab[3 * t.expert].scale_cols;
+  slice_pointers(a.tab[3 * t.expert], r0, a.tab[3 * t.expert + 2], r0, wp, ep);  // W1, W3
+  const int64_t sc = a.tab[3 * t.expert].scale_cols;
   float* ex = reinterpret_cast<float*>(smem);
   if (t.count <= 64) {
     float acc[32], rs[2];
-    slice_times_tile<64>(smem, wp, ep, sc, rows, xq, xs, ldxs, d, acc, rs);
+    slice_times_tile<64>(smem, wp, ep, sc, rows, a.xq, a.xs, a.ldxs, a.d, acc, rs);
     stash<64>(acc, rs, ex);
   } else {
     float acc[64], rs[2];
-    slice_times_tile<128>(smem, wp, ep, sc, rows, xq, xs, ldxs, d, acc, rs);
+    slice_times_tile<128>(smem, wp, ep, sc, rows, a.xq, a.xs, a.ldxs, a.d, acc, rs);
     stash<128>(acc, rs, ex);
   }
-  // h rows r0 .. r0 + 63 of each token: 64 consecutive floats per token.
-  const int row = threadIdx.x & 63;
-  for (int col = threadIdx.x >> 6; col < t.count; col += kThreads / 64)
-    H[static_cast<int64_t>(t.start + col) * I + r0 + row] =
-        swiglu_clamped(ex[row * kExPitch + col], ex[(64 + row) * kExPitch + col], limit);
+  store_h(ex, kExPitch, t, r0, a.I, a.limit, a.H);
 #endif
 }
 
-__global__ void __launch_bounds__(kThreads, 1)
-    down_fp8_wide_kernel(const DevWeight* __restrict__ tab, const MoeTile* __restrict__ tiles,
-                         const int32_t* __restrict__ n_tiles, const int32_t* __restrict__ slot_pair,
-                         const uint8_t* __restrict__ hq, const float* __restrict__ hs, int64_t ldhs, int64_t d,
-                         int64_t I, float* __restrict__ Y) {
+__global__ void __launch_bounds__(kThreads, 1) down_fp8_wide_kernel(const Fp8DownArgs a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* smem = align_1024(smem_raw);
-  if (static_cast<int>(blockIdx.y) >= *n_tiles) return;
-  const MoeTile t = tiles[blockIdx.y];
+  if (static_cast<int>(blockIdx.y) >= *a.n_tiles) return;
+  const MoeTile t = a.tiles[blockIdx.y];
   int32_t* rows = reinterpret_cast<int32_t*>(smem + kStages * sizeof(Stage));
   if (threadIdx.x < kTok) rows[threadIdx.x] = t.start + (threadIdx.x < t.count ? threadIdx.x : 0);
   __syncthreads();
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * 2 * kSliceRows;
-  const DevWeight& w2 = tab[3 * t.expert + 1];
+  const DevWeight& w2 = a.tab[3 * t.expert + 1];
   const uint8_t *wp[2], *ep[2];
   slice_pointers(w2, r0, w2, r0 + kSliceRows, wp, ep);
   float* ex = reinterpret_cast<float*>(smem);
   if (t.count <= 64) {
     float acc[32], rs[2];
-    slice_times_tile<64>(smem, wp, ep, w2.scale_cols, rows, hq, hs, ldhs, I, acc, rs);
+    slice_times_tile<64>(smem, wp, ep, w2.scale_cols, rows, a.hq, a.hs, a.ldhs, a.I, acc, rs);
     stash<64>(acc, rs, ex);
   } else {
     float acc[64], rs[2];
-    slice_times_tile<128>(smem, wp, ep, w2.scale_cols, rows, hq, hs, ldhs, I, acc, rs);
+    slice_times_tile<128>(smem, wp, ep, w2.scale_cols, rows, a.hq, a.hs, a.ldhs, a.I, acc, rs);
     stash<128>(acc, rs, ex);
   }
-  // y rows r0 .. r0 + 127 of each token: 128 consecutive floats per token.
-  const int row = threadIdx.x & 127;
-  for (int col = threadIdx.x >> 7; col < t.count; col += kThreads / 128)
-    Y[static_cast<int64_t>(slot_pair[t.start + col]) * d + r0 + row] = ex[row * kExPitch + col];
+  store_y(ex, kExPitch, t, a.slot_pair, r0, a.d, a.Y);
 #endif
 }
 
 }  // namespace
 
-void fp8_wide_gateup(const DevWeight* tab, const MoeTile* tiles, const int32_t* n_tiles, unsigned max_tiles,
-                     const int32_t* slot_pair, int K, const uint8_t* xq, const float* xs, int64_t ldxs, int64_t x_rows,
-                     int64_t d, int64_t I, float limit, float* H, cudaStream_t s) {
-  DSV4_CHECK(wgmma_available() && I % kSliceRows == 0 && d % 128 == 0,
-             "fp8_wide_gateup: needs an sm_90a device and build, I a multiple of 64 and d of 128");
-  DSV4_CHECK(x_rows * d < int64_t{UINT32_MAX}, "fp8_wide_gateup: activations beyond 32-bit offsets");
-  DSV4_CUDA_CHECK(cudaFuncSetAttribute(gateup_fp8_wide_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(kSmem)));
-  launch_dependent(gateup_fp8_wide_kernel, dim3(static_cast<unsigned>(I / kSliceRows), max_tiles), dim3(kThreads),
-                   kSmem, s, tab, tiles, n_tiles, slot_pair, K, xq, xs, ldxs, d, I, limit, H);
-}
-
-void fp8_wide_down(const DevWeight* tab, const MoeTile* tiles, const int32_t* n_tiles, unsigned max_tiles,
-                   const int32_t* slot_pair, const uint8_t* hq, const float* hs, int64_t ldhs, int64_t h_rows, int64_t d,
-                   int64_t I, float* Y, cudaStream_t s) {
-  DSV4_CHECK(wgmma_available() && d % (2 * kSliceRows) == 0 && I % 128 == 0,
-             "fp8_wide_down: needs an sm_90a device and build, d and I multiples of 128");
-  DSV4_CHECK(h_rows * I < int64_t{UINT32_MAX}, "fp8_wide_down: activations beyond 32-bit offsets");
-  DSV4_CUDA_CHECK(cudaFuncSetAttribute(down_fp8_wide_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(kSmem)));
-  launch_dependent(down_fp8_wide_kernel, dim3(static_cast<unsigned>(d / (2 * kSliceRows)), max_tiles), dim3(kThreads),
-                   kSmem, s, tab, tiles, n_tiles, slot_pair, hq, hs, ldhs, d, I, Y);
-}
+Fp8TileKernels fp8_wide_kernels() { return {gateup_fp8_wide_kernel, down_fp8_wide_kernel, kThreads, kSmem}; }
 
 }  // namespace dsv4::cuda::detail
