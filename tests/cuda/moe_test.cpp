@@ -438,30 +438,37 @@ TEST(CudaMoe, Fp8WgmmaDecodeTilesMatchMmaSync) {
 // sums, and the CPU formula; 64-token FP8 wgmma tiles: the same up to the FP8 tensor core's group
 // sums. Outputs poisoned first (accumulate = false must write every element); at least
 // one element differs from the 8-token bits (the wgmma kernels ran, not a fallback).
-TEST(CudaMoe, WgmmaTilesMatchNarrowTiles) {
-  DSV4_REQUIRE_GPU();
-  if (!cuda::moe_wgmma_available()) GTEST_SKIP() << "wgmma expert tiles need an sm_90 device and an arch-90a build";
-  // 1280 / 1152: 10 and 9 128-blocks (the 4- and 5-stage rings wrap); R = 5: tiles of one or two
-  // tokens (the second warpgroup idle); R = 300: 75 or 150 tokens per expert (one tile, both
-  // warpgroups); R = 700: 175 or 350 (several tiles per expert, partial last ones).
+// The wide-tile cases: packed FP4 experts of three shapes (1280 / 1152: 10 and 9 128-blocks, the
+// 4- and 5-stage rings wrap; 256: 2, fewer than the copies run ahead), each routed for R = 5
+// (tiles of one or two tokens, the second warpgroup idle), 300 (75 or 150 tokens per expert: one
+// tile, both warpgroups) and 700 (175 or 350: several tiles per expert, partial last ones).
+template <class Check>
+void for_each_wide_case(Check check) {
   for (auto [E, d, I, K] : {std::array<int64_t, 4>{16, 256, 128, 4}, {8, 512, 384, 2}, {8, 1280, 1152, 2}}) {
     Experts ex = make_experts(Kind::FP4, static_cast<int>(E), d, I);
     cuda::MoeRunner runner;
     ASSERT_TRUE(runner.pack_for_tensor_cores(ex.dev, nullptr));
-    for (int64_t R : {5, 300, 700}) {
-      const Routing rt = make_routing(R, d, K, static_cast<int>(E));
-      auto run = [&](int mode) {
-        cuda::set_moe_wide_tiles(mode);
-        std::vector<float> out = run_poisoned(runner, ex, rt, R, K);
-        cuda::set_moe_wide_tiles(0);
-        return out;
-      };
-      cuda::set_moe_decode_wgmma(-1);  // the mma.sync 8-token kernels: same products, fp32 sums
-      const std::vector<float> narrow = run(-1);
-      cuda::set_moe_decode_wgmma(0);
-      std::vector<float> ref(static_cast<size_t>(R * d), 0.f);
-      cpu_moe(ex, rt.x, R, rt.ids, rt.w, K, 10.f, true, ref);
-      for (int mode : {2, 3, 4}) {  // 64- and 128-token bf16 tiles, 128-token FP8 tiles
+    for (int64_t R : {5, 300, 700}) check(ex, runner, make_routing(R, d, K, static_cast<int>(E)), d, I, R, K);
+  }
+}
+
+TEST(CudaMoe, WgmmaTilesMatchNarrowTiles) {
+  DSV4_REQUIRE_GPU();
+  if (!cuda::moe_wgmma_available()) GTEST_SKIP() << "wgmma expert tiles need an sm_90 device and an arch-90a build";
+  for_each_wide_case([](const Experts& ex, cuda::MoeRunner& runner, const Routing& rt, int64_t d, int64_t I, int64_t R,
+                      int64_t K) {
+    auto run = [&](int mode) {
+      cuda::set_moe_wide_tiles(mode);
+      std::vector<float> out = run_poisoned(runner, ex, rt, R, K);
+      cuda::set_moe_wide_tiles(0);
+      return out;
+    };
+    cuda::set_moe_decode_wgmma(-1);  // the mma.sync 8-token kernels: same products, fp32 sums
+    const std::vector<float> narrow = run(-1);
+    cuda::set_moe_decode_wgmma(0);
+    std::vector<float> ref(static_cast<size_t>(R * d), 0.f);
+    cpu_moe(ex, rt.x, R, rt.ids, rt.w, K, 10.f, true, ref);
+    for (int mode : {2, 3, 4}) {  // 64- and 128-token bf16 tiles, 128-token FP8 tiles
       const std::vector<float> wg = run(mode);
       size_t diff = 0, bad = 0;
       for (size_t i = 0; i < wg.size(); ++i) {
@@ -481,9 +488,8 @@ TEST(CudaMoe, WgmmaTilesMatchNarrowTiles) {
       EXPECT_LE(vs_narrow, mode == 4 ? 1e-2 : 1e-3) << "d=" << d << " I=" << I << " R=" << R << " mode " << mode;
       EXPECT_LE(vs_cpu, std::max(1e-2, 2 * narrow_cpu)) << "d=" << d << " I=" << I << " R=" << R;
       EXPECT_GT(diff, 0u) << "d=" << d << " R=" << R << ": wgmma output bitwise equal to the 8-token kernels";
-      }
     }
-  }
+  });
 }
 
 // The FP8 prefill tiles fold each row's four group scales of a 128-block into the e4m3 weights:
@@ -545,34 +551,28 @@ TEST(CudaMoe, Fp8WideTilesFoldSpreadScales) {
 
 // The warp-specialised FP8 prefill kernels (a producer warpgroup folds the weights into shared
 // memory, two consumers run shared-memory wgmmas) compute the wide kernels' products in the same
-// order: outputs bit for bit equal. Shapes: 2 blocks of K (fewer than the copies run ahead), 10 /
-// 9 (the 5-stage ring wraps), tiles of 1-2 tokens (N = 64), 75-150 (N = 128) and several per
-// expert with partial last ones.
+// order: outputs bit for bit equal, on every wide-tile case (N = 64 and 128 tiles, rings that
+// wrap and ones shorter than the copies' lead).
 TEST(CudaMoe, Fp8WarpSpecialisedTilesMatchWide) {
   DSV4_REQUIRE_GPU();
   if (!cuda::moe_wgmma_available()) GTEST_SKIP() << "wgmma expert tiles need an sm_90 device and an arch-90a build";
-  for (auto [E, d, I, K] : {std::array<int64_t, 4>{16, 256, 128, 4}, {8, 512, 384, 2}, {8, 1280, 1152, 2}}) {
-    Experts ex = make_experts(Kind::FP4, static_cast<int>(E), d, I);
-    cuda::MoeRunner runner;
-    ASSERT_TRUE(runner.pack_for_tensor_cores(ex.dev, nullptr));
-    for (int64_t R : {5, 300, 700}) {
-      const Routing rt = make_routing(R, d, K, static_cast<int>(E));
-      cuda::set_moe_wide_tiles(4);
-      const std::vector<float> wide = run_poisoned(runner, ex, rt, R, K);
-      cuda::set_moe_wide_tiles(5);
-      const std::vector<float> ws = run_poisoned(runner, ex, rt, R, K);
-      cuda::set_moe_wide_tiles(0);
-      size_t differ = 0, bad = 0;
-      for (size_t i = 0; i < ws.size(); ++i) {
-        differ += std::memcmp(&wide[i], &ws[i], sizeof(float)) != 0;
-        bad += !std::isfinite(ws[i]);
-      }
-      std::printf("moe fp8 ws tiles d=%lld I=%lld R=%lld: %zu of %zu differ from the wide kernels\n", (long long)d,
-                  (long long)I, (long long)R, differ, ws.size());
-      EXPECT_EQ(bad, 0u) << "d=" << d << " R=" << R << ": unwritten or non-finite outputs";
-      EXPECT_EQ(differ, 0u) << "d=" << d << " I=" << I << " R=" << R;
+  for_each_wide_case([](const Experts& ex, cuda::MoeRunner& runner, const Routing& rt, int64_t d, int64_t I, int64_t R,
+                        int64_t K) {
+    cuda::set_moe_wide_tiles(4);
+    const std::vector<float> wide = run_poisoned(runner, ex, rt, R, K);
+    cuda::set_moe_wide_tiles(5);
+    const std::vector<float> ws = run_poisoned(runner, ex, rt, R, K);
+    cuda::set_moe_wide_tiles(0);
+    size_t differ = 0, bad = 0;
+    for (size_t i = 0; i < ws.size(); ++i) {
+      differ += std::memcmp(&wide[i], &ws[i], sizeof(float)) != 0;
+      bad += !std::isfinite(ws[i]);
     }
-  }
+    std::printf("moe fp8 ws tiles d=%lld I=%lld R=%lld: %zu of %zu differ from the wide kernels\n", (long long)d,
+                (long long)I, (long long)R, differ, ws.size());
+    EXPECT_EQ(bad, 0u) << "d=" << d << " R=" << R << ": unwritten or non-finite outputs";
+    EXPECT_EQ(differ, 0u) << "d=" << d << " I=" << I << " R=" << R;
+  });
 }
 
 }  // namespace
