@@ -348,10 +348,21 @@ if [[ "$MODE" == moe-ws ]]; then
     summary+=("bench_linear moe fp8: rc=$?")
     while IFS= read -r line; do summary+=("  $line"); done < <(grep -E "moe fp4" "$LOG/bench_linear-ws.log")
     save
+    if [[ "${WS_NCU:-0}" == 1 ]]; then
+      # Where the warp-specialised gate/up waits (producer vs consumers): sections and the stall
+      # sampling by source line, one launch at 4096 tokens (launch 2: after a warm-up call's pair).
+      BENCH_MOE_TOKENS=4096 BENCH_MOE_VARIANT="fp8 ws" timeout 150 ncu --kernel-name regex:"gateup_fp8_ws_kernel" \
+        --launch-skip 2 --launch-count 1 --import-source yes --section SpeedOfLight --section WarpStateStats \
+        --section SchedulerStats --section Occupancy --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+        --section SourceCounters --section InstructionStats "$BUILD/bench/bench_linear" moe >"$LOG/ncu-ws-gateup.txt" 2>&1
+      summary+=("ncu ws gateup: rc=$? $(grep -E ' Duration|Compute \(SM\) Throughput|Issue Slots Busy|No Eligible' "$LOG/ncu-ws-gateup.txt" | tr -s ' ' | tr '\n' ';')")
+      cp "$LOG/ncu-ws-gateup.txt" "$OUT/" 2>/dev/null
+      save
+    fi
     E2E_BATCHES="${E2E_BATCHES:-1}" E2E_PREFILL="${E2E_PREFILL:-8192}" E2E_AB="DSV4_MOE_PREFILL_WS=1;;DSV4_MOE_PREFILL_WS=1"
     [[ "${WS_E2E:-1}" == 1 ]] && e2e_ab
     E2E_AB=""
-    for tool in memcheck synccheck racecheck; do
+    for tool in ${WS_SANITIZERS:-memcheck synccheck racecheck}; do
       timeout 100 compute-sanitizer --tool $tool --error-exitcode 9 "$BUILD/tests/cuda/cuda_moe_test" \
         --gtest_filter='*Fp8WarpSpecialised*' >"$LOG/sanitizer-ws-$tool.log" 2>&1
       summary+=("$tool ws: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOG/sanitizer-ws-$tool.log" | tail -1)")

@@ -217,7 +217,10 @@ __device__ __forceinline__ void tile_product(unsigned char* smem, Shared& sh, co
                                              const float* xs, int64_t ldxs, int64_t in, float* ex) {
   Stage* st = reinterpret_cast<Stage*>(smem);
   const int nkb = static_cast<int>(in / 128);
-  if (threadIdx.x < kProducers) {
+  const bool producer = threadIdx.x < kProducers;
+  const int slice = (threadIdx.x >> 7) - 1, wt = threadIdx.x & 127;
+  float acc[N / 2];  // consumers'
+  if (producer) {
     Producer<N> p;
     p.s = threadIdx.x / kSliceRows;
     p.lr = threadIdx.x % kSliceRows;
@@ -234,17 +237,17 @@ __device__ __forceinline__ void tile_product(unsigned char* smem, Shared& sh, co
     }
     pdl_wait();
     produce<N>(st, sh, p, sc, nkb);
-    __syncthreads();  // every stage released: the epilogue may reuse them
-    __syncthreads();  // the consumers' sums are in ex
   } else {
-    const int slice = (threadIdx.x >> 7) - 1, wt = threadIdx.x & 127;
-    float acc[N / 2];
     consume<N>(st, sh, slice, nkb, acc);
-    __syncthreads();
+  }
+  // The roles meet here (one barrier for all, at one place): every stage is released, so the
+  // epilogue may reuse them.
+  __syncthreads();
+  if (!producer) {
     const int r = 16 * (wt >> 5) + ((wt & 31) >> 2);
     stash_rows<N>(acc, sh.row_scale[64 * slice + r], sh.row_scale[64 * slice + r + 8], 64 * slice, wt, ex, kExPitch);
-    __syncthreads();
   }
+  __syncthreads();
 }
 
 // Shared state before the roles split: the tile's rows (row_of(t) for t < count, column 0's
