@@ -18,6 +18,8 @@
 // conversion up to two blocks ahead of the consumers.
 #include <cuda_runtime.h>
 
+#include <cstdlib>
+
 #include "backend/cuda/check.h"
 #include "backend/cuda/cp_async.cuh"
 #include "backend/cuda/device.h"
@@ -149,7 +151,7 @@ __device__ __forceinline__ void fold_row(Stage& st, int s, int lr, const RowBase
 // Warpgroup 0: every block's copies (kAhead ahead) and its row's conversion, then the full
 // barrier's arrival. A stage is refilled once both consumers released the block it held.
 // The row's exponent base is found while the first copies are in flight.
-template <int N>
+template <int N, bool kConsumerFence>
 __device__ __forceinline__ void produce(Stage* st, Shared& sh, Producer<N>& p, int64_t sc, int nkb) {
   for (int b = 0; b < kAhead; ++b) {
     if (b < nkb)
@@ -169,7 +171,7 @@ __device__ __forceinline__ void produce(Stage* st, Shared& sh, Producer<N>& p, i
     }
     cp_async_wait<kAhead>();  // this thread's copies of block kb have landed
     fold_row(st[kb % kStages], p.s, p.lr, p.rb);
-    fence_proxy_async_smem();  // the codes and the folded bytes visible to the wgmmas
+    if constexpr (!kConsumerFence) fence_proxy_async_smem();  // the codes and folded bytes visible to the wgmmas
     mbar_arrive(&sh.full[kb % kStages]);
   }
   cp_async_wait<0>();
@@ -193,7 +195,7 @@ __device__ __forceinline__ void block_product(float (&c)[N / 2], const Stage& st
 
 // Warpgroups 1 and 2: acc = slice · the tile's first N tokens over all blocks, each block's sums
 // promoted with the columns' activation scales.
-template <int N>
+template <int N, bool kConsumerFence>
 __device__ __forceinline__ void consume(Stage* st, Shared& sh, int slice, int nkb, float (&acc)[N / 2]) {
   float c[N / 2];
 #pragma unroll
@@ -201,6 +203,7 @@ __device__ __forceinline__ void consume(Stage* st, Shared& sh, int slice, int nk
   for (int kb = 0; kb < nkb; ++kb) {
     const int s = kb % kStages;
     mbar_wait(&sh.full[s], (kb / kStages) & 1);
+    if constexpr (kConsumerFence) fence_proxy_async_smem();  // what the producers wrote, to the wgmmas
     block_product<N>(c, st[s], slice);
     promote<N>(c, st[s].xs, acc);
     __syncwarp();
@@ -211,7 +214,7 @@ __device__ __forceinline__ void consume(Stage* st, Shared& sh, int slice, int nk
 // The CTA's 128 rows x N tokens into the epilogue's [row][kExPitch] floats (row 64 s + r: slice
 // s), scaled; wp / ep: the slices' packed weights and E8M0 rows, in: K, rows: the tile's
 // activation rows (columns past the count repeat column 0; not stored).
-template <int N>
+template <int N, bool kConsumerFence>
 __device__ __forceinline__ void tile_product(unsigned char* smem, Shared& sh, const uint8_t* const (&wp)[2],
                                              const uint8_t* const (&ep)[2], int64_t sc, const uint8_t* xq,
                                              const float* xs, int64_t ldxs, int64_t in, float* ex) {
@@ -236,9 +239,9 @@ __device__ __forceinline__ void tile_product(unsigned char* smem, Shared& sh, co
       p.off[n] = static_cast<uint32_t>(sh.rows[i >> 3] * in + 16 * (i & 7));
     }
     pdl_wait();
-    produce<N>(st, sh, p, sc, nkb);
+    produce<N, kConsumerFence>(st, sh, p, sc, nkb);
   } else {
-    consume<N>(st, sh, slice, nkb, acc);
+    consume<N, kConsumerFence>(st, sh, slice, nkb, acc);
   }
   // The roles meet here (one barrier for all, at one place): every stage is released, so the
   // epilogue may reuse them.
@@ -269,6 +272,7 @@ __device__ __forceinline__ Shared& setup(unsigned char* smem, int count, RowOf r
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
+template <bool kConsumerFence>
 __global__ void __launch_bounds__(kThreads, 1) gateup_fp8_ws_kernel(const Fp8GateUpArgs a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -282,13 +286,14 @@ __global__ void __launch_bounds__(kThreads, 1) gateup_fp8_ws_kernel(const Fp8Gat
   const int64_t sc = a.tab[3 * t.expert].scale_cols;
   float* ex = reinterpret_cast<float*>(smem);
   if (t.count <= 64)
-    tile_product<64>(smem, sh, wp, ep, sc, a.xq, a.xs, a.ldxs, a.d, ex);
+    tile_product<64, kConsumerFence>(smem, sh, wp, ep, sc, a.xq, a.xs, a.ldxs, a.d, ex);
   else
-    tile_product<128>(smem, sh, wp, ep, sc, a.xq, a.xs, a.ldxs, a.d, ex);
+    tile_product<128, kConsumerFence>(smem, sh, wp, ep, sc, a.xq, a.xs, a.ldxs, a.d, ex);
   store_h(ex, kExPitch, t, r0, a.I, a.limit, a.H);
 #endif
 }
 
+template <bool kConsumerFence>
 __global__ void __launch_bounds__(kThreads, 1) down_fp8_ws_kernel(const Fp8DownArgs a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -302,15 +307,26 @@ __global__ void __launch_bounds__(kThreads, 1) down_fp8_ws_kernel(const Fp8DownA
   slice_pointers(w2, r0, w2, r0 + kSliceRows, wp, ep);
   float* ex = reinterpret_cast<float*>(smem);
   if (t.count <= 64)
-    tile_product<64>(smem, sh, wp, ep, w2.scale_cols, a.hq, a.hs, a.ldhs, a.I, ex);
+    tile_product<64, kConsumerFence>(smem, sh, wp, ep, w2.scale_cols, a.hq, a.hs, a.ldhs, a.I, ex);
   else
-    tile_product<128>(smem, sh, wp, ep, w2.scale_cols, a.hq, a.hs, a.ldhs, a.I, ex);
+    tile_product<128, kConsumerFence>(smem, sh, wp, ep, w2.scale_cols, a.hq, a.hs, a.ldhs, a.I, ex);
   store_y(ex, kExPitch, t, a.slot_pair, r0, a.d, a.Y);
 #endif
 }
 
 }  // namespace
 
-Fp8TileKernels fp8_ws_kernels() { return {gateup_fp8_ws_kernel, down_fp8_ws_kernel, kThreads, kSmem}; }
+// Which role makes the stage's generic-proxy writes (the codes' cp.async, the folded weights'
+// stores) visible to the wgmmas: the consumer after its wait (default: the producer's fence would
+// also wait for its three blocks of copies still in flight), or the producer before its arrival
+// (DSV4_WS_PRODUCER_FENCE=1, the first form; bench/NOTES.md step 23).
+Fp8TileKernels fp8_ws_kernels() {
+  static const bool producer_fence = [] {
+    const char* env = std::getenv("DSV4_WS_PRODUCER_FENCE");
+    return env && env[0] == '1';
+  }();
+  if (producer_fence) return {gateup_fp8_ws_kernel<false>, down_fp8_ws_kernel<false>, kThreads, kSmem};
+  return {gateup_fp8_ws_kernel<true>, down_fp8_ws_kernel<true>, kThreads, kSmem};
+}
 
 }  // namespace dsv4::cuda::detail
