@@ -327,6 +327,7 @@ void bench_moe() {
         tiles.push_back({0, 3, 3, 0, 0, " 128-token wgmma tiles"});
         tiles.push_back({0, 3, 4, 0, 0, " 128-token fp8 wgmma tiles"});
         tiles.push_back({0, 3, 5, 0, 0, " 128-token fp8 ws tiles"});
+        tiles.push_back({0, 3, 6, 0, 0, " 128-token fp8 ws consumer-fence tiles"});
       }
       const std::vector<Variant> variants = !packed ? std::vector<Variant>{all[0]} : R < 256 ? all : tiles;
       // BENCH_MOE_VARIANT=text: the default and the variants whose tag holds text (e.g. "fp8").

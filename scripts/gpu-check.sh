@@ -359,7 +359,7 @@ if [[ "$MODE" == moe-ws ]]; then
       cp "$LOG/ncu-ws-gateup.txt" "$OUT/" 2>/dev/null
       save
     fi
-    E2E_BATCHES="${E2E_BATCHES:-1}" E2E_PREFILL="${E2E_PREFILL:-8192}" E2E_AB="DSV4_MOE_PREFILL_WS=1;;DSV4_MOE_PREFILL_WS=1"
+    E2E_BATCHES="${E2E_BATCHES:-1}" E2E_PREFILL="${E2E_PREFILL:-8192}" E2E_AB="${WS_E2E_AB:-DSV4_MOE_PREFILL_WS=2;;DSV4_MOE_PREFILL_WS=1;;DSV4_MOE_PREFILL_WS=2}"
     [[ "${WS_E2E:-1}" == 1 ]] && e2e_ab
     E2E_AB=""
     for tool in ${WS_SANITIZERS:-memcheck synccheck racecheck}; do

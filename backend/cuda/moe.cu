@@ -368,12 +368,12 @@ const bool g_prefill_fp8 = [] {
   const char* env = std::getenv("DSV4_MOE_PREFILL_FP8");
   return !(env && env[0] == '0');
 }();
-// Which FP8 kernels the by-size rule runs (same bits): the warp-specialised ones
-// (moe_wgmma_fp8_ws.cu) with DSV4_MOE_PREFILL_WS=1, else moe_wgmma_fp8_wide.cu (bench/NOTES.md
-// step 23).
-const bool g_prefill_ws = [] {
+// Which FP8 kernels the by-size rule runs (same bits): moe_wgmma_fp8_wide.cu, or with
+// DSV4_MOE_PREFILL_WS=1 / 2 the warp-specialised ones (moe_wgmma_fp8_ws.cu; 2: the proxy fence in
+// the consumers), as set_moe_wide_tiles(5 / 6) forces them (bench/NOTES.md step 23).
+const int g_prefill_ws = [] {
   const char* env = std::getenv("DSV4_MOE_PREFILL_WS");
-  return env && env[0] == '1';
+  return env && (env[0] == '1' || env[0] == '2') ? env[0] - '0' : 0;
 }();
 
 // Wide tiles on wgmma (moe_wgmma.cu) where the device and build have it, unless mode 1 asks
@@ -485,9 +485,9 @@ void set_moe_decode_tile(int tokens) {
 }
 
 void set_moe_wide_tiles(int mode) {
-  DSV4_CHECK(mode >= -1 && mode <= 5,
+  DSV4_CHECK(mode >= -1 && mode <= 6,
              "set_moe_wide_tiles: -1 (8-token tiles), 0 (by size), 1 (64-token mma.sync tiles), 2 / 3 (64- / "
-             "128-token wgmma tiles), 4 / 5 (128-token FP8 wgmma tiles, warp-specialised in 5)");
+             "128-token wgmma tiles), 4 / 5 / 6 (128-token FP8 wgmma tiles; warp-specialised in 5 and 6)");
   g_wide_mode = mode;
 }
 
@@ -612,9 +612,9 @@ void MoeRunner::run_impl(const ExpertSet& set, const float* x, int64_t R, const 
   }
   const bool wide = mma && tb.packed && wide_tiles(pairs, E);
   const bool wgmma = wide && wgmma_tiles();
-  const bool fp8_wide = wgmma && (g_wide_mode == 4 || g_wide_mode == 5 ||
-                                  (g_wide_mode == 0 && g_prefill_fp8 && I % 64 == 0 && wgmma_tile_tokens(pairs, E) == 128));
-  const bool fp8_ws = fp8_wide && (g_wide_mode == 5 || (g_wide_mode == 0 && g_prefill_ws));
+  const bool fp8_wide = wgmma && (g_wide_mode >= 4 || (g_wide_mode == 0 && g_prefill_fp8 && I % 64 == 0 &&
+                                                       wgmma_tile_tokens(pairs, E) == 128));
+  const int fp8_ws = !fp8_wide ? 0 : g_wide_mode >= 5 ? g_wide_mode - 4 : g_wide_mode == 0 ? g_prefill_ws : 0;
   const bool fp8 = mma && !wide && tb.packed && decode_wgmma(d, I);  // FP8 wgmma 8- / 16-token tiles
   const int T = fp8_wide ? kMoeFp8WideTokens
                 : wgmma ? wgmma_tile_tokens(pairs, E)
@@ -665,7 +665,7 @@ void MoeRunner::run_impl(const ExpertSet& set, const float* x, int64_t R, const 
     uint8_t *xq = m.xq8.as<uint8_t>(), *hq = m.hq8.as<uint8_t>();
     float *xs = m.xsc.as<float>(), *hs = m.hsc.as<float>();
     act_quant_fp8_wgmma_b(x, R, d, d, xq, d, xs, s);
-    const Fp8TileKernels k = fp8_ws ? fp8_ws_kernels() : fp8_wide_kernels();
+    const Fp8TileKernels k = fp8_ws ? fp8_ws_kernels(fp8_ws == 2) : fp8_wide_kernels();
     DSV4_CHECK(wgmma_available() && d % 128 == 0 && I % 128 == 0 && R * d < int64_t{UINT32_MAX} &&
                    pairs * I < int64_t{UINT32_MAX},
                "MoeRunner: FP8 prefill tiles need an sm_90a device and build, d and I multiples of 128 and "

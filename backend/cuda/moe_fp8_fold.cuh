@@ -136,15 +136,31 @@ __device__ __forceinline__ void stash_rows(const float (&acc)[N / 2], float rs0,
   for (int i = 0; i < N / 2; ++i) ex[(row + (i & 2) * 4) * pitch + 8 * (i >> 2) + 2 * q + (i & 1)] = acc[i] * (i & 2 ? s1 : s0);
 }
 
-// The weight slices of a CTA: gate/up W1 and W3 at rows r0 (its h rows r0 .. r0 + 63); down two
-// 64-row slices of W2 from r0.
-__device__ __forceinline__ void slice_pointers(const DevWeight& w0, int64_t r0_0, const DevWeight& w1, int64_t r0_1,
-                                               const uint8_t* (&wp)[2], const uint8_t* (&ep)[2]) {
-  const int64_t rb = w0.in / 2, sc = w0.scale_cols;
-  wp[0] = w0.data + packed_row_offset(r0_0, rb);
-  wp[1] = w1.data + packed_row_offset(r0_1, rb);
-  ep[0] = w0.scale + r0_0 * sc;
-  ep[1] = w1.scale + r0_1 * sc;
+// A CTA's two 64-row weight slices (packed pieces, E8M0 rows, scale bytes per row) and its first
+// output row r0: gate/up W1 and W3 at h rows r0 = 64 blockIdx.x; down W2 rows r0 = 128 blockIdx.x
+// .. r0 + 127 as two slices.
+struct CtaSlices {
+  const uint8_t *wp[2], *ep[2];
+  int64_t sc, r0;
+};
+__device__ __forceinline__ CtaSlices cta_slices(const DevWeight& w0, const DevWeight& w1, int64_t r0, int64_t r1) {
+  const int64_t rb = w0.in / 2;
+  CtaSlices c;
+  c.sc = w0.scale_cols;
+  c.r0 = r0;
+  c.wp[0] = w0.data + packed_row_offset(r0, rb);
+  c.wp[1] = w1.data + packed_row_offset(r1, rb);
+  c.ep[0] = w0.scale + r0 * c.sc;
+  c.ep[1] = w1.scale + r1 * c.sc;
+  return c;
+}
+__device__ __forceinline__ CtaSlices gateup_slices(const DevWeight* tab, int expert) {
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * 64;
+  return cta_slices(tab[3 * expert], tab[3 * expert + 2], r0, r0);  // W1, W3
+}
+__device__ __forceinline__ CtaSlices down_slices(const DevWeight* tab, int expert) {
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * 128;
+  return cta_slices(tab[3 * expert + 1], tab[3 * expert + 1], r0, r0 + 64);
 }
 
 // The epilogues, from the [row][pitch] sums of a tile (every thread of the CTA): gate/up's h rows

@@ -174,13 +174,12 @@ __device__ __forceinline__ void pipeline_step(const Pipe<N>& p, int kb, int s, f
   if (more) issue_block<N>(c, a_next, p.st[sn]);
 }
 
-// acc = this warpgroup's 64 rows (slice threadIdx.x / 128: packed tile wp[s], E8M0 rows ep[s]) ·
+// acc = this warpgroup's 64 rows (slice s = threadIdx.x / 128: packed tile cs.wp[s], E8M0 rows cs.ep[s]) ·
 // the tile's first N tokens over all in / 128 blocks of K, unscaled by the rows' 2^6 · scale
 // (rs: rows g, g + 8). rows[t]: the activation row of tile column t (columns past count repeat
 // column 0; not stored).
 template <int N>
-__device__ __forceinline__ void slice_times_tile(unsigned char* smem, const uint8_t* const (&wp)[2],
-                                                 const uint8_t* const (&ep)[2], int64_t sc, const int32_t* rows,
+__device__ __forceinline__ void slice_times_tile(unsigned char* smem, const CtaSlices& cs, const int32_t* rows,
                                                  const uint8_t* xq, const float* xs, int64_t ldxs, int64_t in,
                                                  float (&acc)[N / 2], float (&rs)[2]) {
   Pipe<N> p;
@@ -190,11 +189,11 @@ __device__ __forceinline__ void slice_times_tile(unsigned char* smem, const uint
   p.xs = xs;
   p.ldxs = ldxs;
   p.rows = rows;
-  p.sc = sc;
+  p.sc = cs.sc;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    p.wp[i] = wp[i];
-    p.ep[i] = ep[i];
+    p.wp[i] = cs.wp[i];
+    p.ep[i] = cs.ep[i];
   }
 #pragma unroll
   for (int n = 0; n < N * 8 / kThreads; ++n) {
@@ -203,16 +202,16 @@ __device__ __forceinline__ void slice_times_tile(unsigned char* smem, const uint
   }
   {  // the weights' scales are not written by the kernel before this one (pdl.cuh)
     const int ws = threadIdx.x >> 7, lr = 16 * ((threadIdx.x >> 5) & 3) + ((threadIdx.x & 31) >> 2);
-    const uint8_t* e = ws ? ep[1] : ep[0];
-    p.ra = row_base_quad(e + lr * sc, sc);
-    p.rb = row_base_quad(e + (lr + 8) * sc, sc);
+    const uint8_t* e = ws ? cs.ep[1] : cs.ep[0];
+    p.ra = row_base_quad(e + lr * cs.sc, cs.sc);
+    p.rb = row_base_quad(e + (lr + 8) * cs.sc, cs.sc);
     rs[0] = p.ra.scale;
     rs[1] = p.rb.scale;
   }
   pdl_wait();
   for (int b = 0; b < kStages - 1; ++b) {
     if (b < p.nkb)
-      stage_block<N>(p.st[b], xq, p.off, xs, ldxs, rows, wp, ep, sc, b);
+      stage_block<N>(p.st[b], xq, p.off, xs, ldxs, rows, p.wp, p.ep, p.sc, b);
     else
       cp_async_commit();
   }
@@ -245,6 +244,23 @@ __device__ __forceinline__ void stash(const float (&acc)[N / 2], const float (&r
   __syncthreads();
 }
 
+// The CTA's 128 rows x the tile's tokens (rows[t]: the activation row of column t, set before)
+// into the epilogue's floats, on N = 64 wgmmas for tiles of <= 64 tokens.
+__device__ __forceinline__ void tile_into(unsigned char* smem, const CtaSlices& cs, const int32_t* rows,
+                                          const uint8_t* act, const float* scales, int64_t ld, int64_t in, int count,
+                                          float* ex) {
+  float rs[2];
+  if (count <= 64) {
+    float acc[32];
+    slice_times_tile<64>(smem, cs, rows, act, scales, ld, in, acc, rs);
+    stash<64>(acc, rs, ex);
+  } else {
+    float acc[64];
+    slice_times_tile<128>(smem, cs, rows, act, scales, ld, in, acc, rs);
+    stash<128>(acc, rs, ex);
+  }
+}
+
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 __global__ void __launch_bounds__(kThreads, 1) gateup_fp8_wide_kernel(const Fp8GateUpArgs a) {
@@ -256,21 +272,10 @@ __global__ void __launch_bounds__(kThreads, 1) gateup_fp8_wide_kernel(const Fp8G
   int32_t* rows = reinterpret_cast<int32_t*>(smem + kStages * sizeof(Stage));
   if (threadIdx.x < kTok) rows[threadIdx.x] = a.slot_pair[t.start + (threadIdx.x < t.count ? threadIdx.x : 0)] / a.K;
   __syncthreads();
-  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kSliceRows;
-  const uint8_t *wp[2], *ep[2];
-  slice_pointers(a.tab[3 * t.expert], r0, a.tab[3 * t.expert + 2], r0, wp, ep);  // W1, W3
-  const int64_t sc = a.tab[3 * t.expert].scale_cols;
+  const CtaSlices cs = gateup_slices(a.tab, t.expert);
   float* ex = reinterpret_cast<float*>(smem);
-  if (t.count <= 64) {
-    float acc[32], rs[2];
-    slice_times_tile<64>(smem, wp, ep, sc, rows, a.xq, a.xs, a.ldxs, a.d, acc, rs);
-    stash<64>(acc, rs, ex);
-  } else {
-    float acc[64], rs[2];
-    slice_times_tile<128>(smem, wp, ep, sc, rows, a.xq, a.xs, a.ldxs, a.d, acc, rs);
-    stash<128>(acc, rs, ex);
-  }
-  store_h(ex, kExPitch, t, r0, a.I, a.limit, a.H);
+  tile_into(smem, cs, rows, a.xq, a.xs, a.ldxs, a.d, t.count, ex);
+  store_h(ex, kExPitch, t, cs.r0, a.I, a.limit, a.H);
 #endif
 }
 
@@ -283,21 +288,10 @@ __global__ void __launch_bounds__(kThreads, 1) down_fp8_wide_kernel(const Fp8Dow
   int32_t* rows = reinterpret_cast<int32_t*>(smem + kStages * sizeof(Stage));
   if (threadIdx.x < kTok) rows[threadIdx.x] = t.start + (threadIdx.x < t.count ? threadIdx.x : 0);
   __syncthreads();
-  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * 2 * kSliceRows;
-  const DevWeight& w2 = a.tab[3 * t.expert + 1];
-  const uint8_t *wp[2], *ep[2];
-  slice_pointers(w2, r0, w2, r0 + kSliceRows, wp, ep);
+  const CtaSlices cs = down_slices(a.tab, t.expert);
   float* ex = reinterpret_cast<float*>(smem);
-  if (t.count <= 64) {
-    float acc[32], rs[2];
-    slice_times_tile<64>(smem, wp, ep, w2.scale_cols, rows, a.hq, a.hs, a.ldhs, a.I, acc, rs);
-    stash<64>(acc, rs, ex);
-  } else {
-    float acc[64], rs[2];
-    slice_times_tile<128>(smem, wp, ep, w2.scale_cols, rows, a.hq, a.hs, a.ldhs, a.I, acc, rs);
-    stash<128>(acc, rs, ex);
-  }
-  store_y(ex, kExPitch, t, a.slot_pair, r0, a.d, a.Y);
+  tile_into(smem, cs, rows, a.hq, a.hs, a.ldhs, a.I, t.count, ex);
+  store_y(ex, kExPitch, t, a.slot_pair, cs.r0, a.d, a.Y);
 #endif
 }
 

@@ -18,8 +18,6 @@
 // conversion up to two blocks ahead of the consumers.
 #include <cuda_runtime.h>
 
-#include <cstdlib>
-
 #include "backend/cuda/check.h"
 #include "backend/cuda/cp_async.cuh"
 #include "backend/cuda/device.h"
@@ -215,8 +213,7 @@ __device__ __forceinline__ void consume(Stage* st, Shared& sh, int slice, int nk
 // s), scaled; wp / ep: the slices' packed weights and E8M0 rows, in: K, rows: the tile's
 // activation rows (columns past the count repeat column 0; not stored).
 template <int N, bool kConsumerFence>
-__device__ __forceinline__ void tile_product(unsigned char* smem, Shared& sh, const uint8_t* const (&wp)[2],
-                                             const uint8_t* const (&ep)[2], int64_t sc, const uint8_t* xq,
+__device__ __forceinline__ void tile_product(unsigned char* smem, Shared& sh, const CtaSlices& cs, const uint8_t* xq,
                                              const float* xs, int64_t ldxs, int64_t in, float* ex) {
   Stage* st = reinterpret_cast<Stage*>(smem);
   const int nkb = static_cast<int>(in / 128);
@@ -227,8 +224,8 @@ __device__ __forceinline__ void tile_product(unsigned char* smem, Shared& sh, co
     Producer<N> p;
     p.s = threadIdx.x / kSliceRows;
     p.lr = threadIdx.x % kSliceRows;
-    p.w = (p.s ? wp[1] : wp[0]) + p.lr * 64;
-    p.e = (p.s ? ep[1] : ep[0]) + p.lr * sc;
+    p.w = (p.s ? cs.wp[1] : cs.wp[0]) + p.lr * 64;
+    p.e = (p.s ? cs.ep[1] : cs.ep[0]) + p.lr * cs.sc;
     p.xq = xq;
     p.xs = xs;
     p.ldxs = ldxs;
@@ -239,7 +236,7 @@ __device__ __forceinline__ void tile_product(unsigned char* smem, Shared& sh, co
       p.off[n] = static_cast<uint32_t>(sh.rows[i >> 3] * in + 16 * (i & 7));
     }
     pdl_wait();
-    produce<N, kConsumerFence>(st, sh, p, sc, nkb);
+    produce<N, kConsumerFence>(st, sh, p, cs.sc, nkb);
   } else {
     consume<N, kConsumerFence>(st, sh, slice, nkb, acc);
   }
@@ -280,16 +277,13 @@ __global__ void __launch_bounds__(kThreads, 1) gateup_fp8_ws_kernel(const Fp8Gat
   if (static_cast<int>(blockIdx.y) >= *a.n_tiles) return;
   const MoeTile t = a.tiles[blockIdx.y];
   Shared& sh = setup(smem, t.count, [&](int c) { return a.slot_pair[t.start + c] / a.K; });
-  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kSliceRows;
-  const uint8_t *wp[2], *ep[2];
-  slice_pointers(a.tab[3 * t.expert], r0, a.tab[3 * t.expert + 2], r0, wp, ep);  // W1, W3
-  const int64_t sc = a.tab[3 * t.expert].scale_cols;
+  const CtaSlices cs = gateup_slices(a.tab, t.expert);
   float* ex = reinterpret_cast<float*>(smem);
   if (t.count <= 64)
-    tile_product<64, kConsumerFence>(smem, sh, wp, ep, sc, a.xq, a.xs, a.ldxs, a.d, ex);
+    tile_product<64, kConsumerFence>(smem, sh, cs, a.xq, a.xs, a.ldxs, a.d, ex);
   else
-    tile_product<128, kConsumerFence>(smem, sh, wp, ep, sc, a.xq, a.xs, a.ldxs, a.d, ex);
-  store_h(ex, kExPitch, t, r0, a.I, a.limit, a.H);
+    tile_product<128, kConsumerFence>(smem, sh, cs, a.xq, a.xs, a.ldxs, a.d, ex);
+  store_h(ex, kExPitch, t, cs.r0, a.I, a.limit, a.H);
 #endif
 }
 
@@ -301,32 +295,21 @@ __global__ void __launch_bounds__(kThreads, 1) down_fp8_ws_kernel(const Fp8DownA
   if (static_cast<int>(blockIdx.y) >= *a.n_tiles) return;
   const MoeTile t = a.tiles[blockIdx.y];
   Shared& sh = setup(smem, t.count, [&](int c) { return t.start + c; });
-  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * 2 * kSliceRows;
-  const DevWeight& w2 = a.tab[3 * t.expert + 1];
-  const uint8_t *wp[2], *ep[2];
-  slice_pointers(w2, r0, w2, r0 + kSliceRows, wp, ep);
+  const CtaSlices cs = down_slices(a.tab, t.expert);
   float* ex = reinterpret_cast<float*>(smem);
   if (t.count <= 64)
-    tile_product<64, kConsumerFence>(smem, sh, wp, ep, w2.scale_cols, a.hq, a.hs, a.ldhs, a.I, ex);
+    tile_product<64, kConsumerFence>(smem, sh, cs, a.hq, a.hs, a.ldhs, a.I, ex);
   else
-    tile_product<128, kConsumerFence>(smem, sh, wp, ep, w2.scale_cols, a.hq, a.hs, a.ldhs, a.I, ex);
-  store_y(ex, kExPitch, t, a.slot_pair, r0, a.d, a.Y);
+    tile_product<128, kConsumerFence>(smem, sh, cs, a.hq, a.hs, a.ldhs, a.I, ex);
+  store_y(ex, kExPitch, t, a.slot_pair, cs.r0, a.d, a.Y);
 #endif
 }
 
 }  // namespace
 
-// Which role makes the stage's generic-proxy writes (the codes' cp.async, the folded weights'
-// stores) visible to the wgmmas: the consumer after its wait (default: the producer's fence would
-// also wait for its three blocks of copies still in flight), or the producer before its arrival
-// (DSV4_WS_PRODUCER_FENCE=1, the first form; bench/NOTES.md step 23).
-Fp8TileKernels fp8_ws_kernels() {
-  static const bool producer_fence = [] {
-    const char* env = std::getenv("DSV4_WS_PRODUCER_FENCE");
-    return env && env[0] == '1';
-  }();
-  if (producer_fence) return {gateup_fp8_ws_kernel<false>, down_fp8_ws_kernel<false>, kThreads, kSmem};
-  return {gateup_fp8_ws_kernel<true>, down_fp8_ws_kernel<true>, kThreads, kSmem};
+Fp8TileKernels fp8_ws_kernels(bool consumer_fence) {
+  if (consumer_fence) return {gateup_fp8_ws_kernel<true>, down_fp8_ws_kernel<true>, kThreads, kSmem};
+  return {gateup_fp8_ws_kernel<false>, down_fp8_ws_kernel<false>, kThreads, kSmem};
 }
 
 }  // namespace dsv4::cuda::detail

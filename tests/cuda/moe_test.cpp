@@ -532,7 +532,7 @@ TEST(CudaMoe, Fp8WideTilesFoldSpreadScales) {
   cuda::set_moe_decode_wgmma(0);
   cuda::set_moe_wide_tiles(4);
   const std::vector<float> wide = run_poisoned(runner, ex, rt, R, K);
-  cuda::set_moe_wide_tiles(5);  // the warp-specialised kernels fold in another place: same bytes
+  cuda::set_moe_wide_tiles(6);  // the warp-specialised kernels fold in another place: same bytes
   const std::vector<float> ws = run_poisoned(runner, ex, rt, R, K);
   cuda::set_moe_wide_tiles(0);
   size_t bad = 0, differ = 0;
@@ -560,18 +560,20 @@ TEST(CudaMoe, Fp8WarpSpecialisedTilesMatchWide) {
                         int64_t K) {
     cuda::set_moe_wide_tiles(4);
     const std::vector<float> wide = run_poisoned(runner, ex, rt, R, K);
-    cuda::set_moe_wide_tiles(5);
-    const std::vector<float> ws = run_poisoned(runner, ex, rt, R, K);
-    cuda::set_moe_wide_tiles(0);
-    size_t differ = 0, bad = 0;
-    for (size_t i = 0; i < ws.size(); ++i) {
-      differ += std::memcmp(&wide[i], &ws[i], sizeof(float)) != 0;
-      bad += !std::isfinite(ws[i]);
+    for (int mode : {5, 6}) {  // the fence in the producer / in the consumers
+      cuda::set_moe_wide_tiles(mode);
+      const std::vector<float> ws = run_poisoned(runner, ex, rt, R, K);
+      cuda::set_moe_wide_tiles(0);
+      size_t differ = 0, bad = 0;
+      for (size_t i = 0; i < ws.size(); ++i) {
+        differ += std::memcmp(&wide[i], &ws[i], sizeof(float)) != 0;
+        bad += !std::isfinite(ws[i]);
+      }
+      std::printf("moe fp8 ws tiles (mode %d) d=%lld I=%lld R=%lld: %zu of %zu differ from the wide kernels\n", mode,
+                  (long long)d, (long long)I, (long long)R, differ, ws.size());
+      EXPECT_EQ(bad, 0u) << "d=" << d << " R=" << R << " mode " << mode << ": unwritten or non-finite outputs";
+      EXPECT_EQ(differ, 0u) << "d=" << d << " I=" << I << " R=" << R << " mode " << mode;
     }
-    std::printf("moe fp8 ws tiles d=%lld I=%lld R=%lld: %zu of %zu differ from the wide kernels\n", (long long)d,
-                (long long)I, (long long)R, differ, ws.size());
-    EXPECT_EQ(bad, 0u) << "d=" << d << " R=" << R << ": unwritten or non-finite outputs";
-    EXPECT_EQ(differ, 0u) << "d=" << d << " I=" << I << " R=" << R;
   });
 }
 
