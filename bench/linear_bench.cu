@@ -328,12 +328,17 @@ void bench_moe() {
         tiles.push_back({0, 3, 4, 0, 0, " 128-token fp8 wgmma tiles"});
         tiles.push_back({0, 3, 5, 0, 0, " 128-token fp8 ws tiles"});
         tiles.push_back({0, 3, 6, 0, 0, " 128-token fp8 ws consumer-fence tiles"});
+        tiles.push_back({0, 3, 7, 0, 0, " 128-token fp8 ws2 tiles"});
+        tiles.push_back({0, 3, 8, 0, 0, " 128-token fp8 ws2 consumer-fence tiles"});
       }
       const std::vector<Variant> variants = !packed ? std::vector<Variant>{all[0]} : R < 256 ? all : tiles;
-      // BENCH_MOE_VARIANT=text: the default and the variants whose tag holds text (e.g. "fp8").
+      // BENCH_MOE_VARIANT=text: the default and the variants whose tag holds text (e.g. "fp8");
+      // BENCH_MOE_SKIP=text: not those whose tag holds text.
       const char* want = std::getenv("BENCH_MOE_VARIANT");
+      const char* skip = std::getenv("BENCH_MOE_SKIP");
       for (const Variant& v : variants) {
         if (want && *want && *v.tag && !std::strstr(v.tag, want)) continue;
+        if (skip && *skip && std::strstr(v.tag, skip)) continue;
         const int rb = v.rb;
         for (Precision p : {Precision::Exact, Precision::Fast}) {
           if ((packed || R > 256) && p == Precision::Exact) continue;  // Exact at 4096 tokens: seconds

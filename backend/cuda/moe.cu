@@ -369,11 +369,11 @@ const bool g_prefill_fp8 = [] {
   return !(env && env[0] == '0');
 }();
 // Which FP8 kernels the by-size rule runs (same bits): moe_wgmma_fp8_wide.cu, or with
-// DSV4_MOE_PREFILL_WS=1 / 2 the warp-specialised ones (moe_wgmma_fp8_ws.cu; 2: the proxy fence in
-// the consumers), as set_moe_wide_tiles(5 / 6) forces them (bench/NOTES.md step 23).
+// DSV4_MOE_PREFILL_WS=1-4 a warp-specialised form (moe_wgmma_fp8_ws.cu), as set_moe_wide_tiles(5-8)
+// forces them (bench/NOTES.md step 23).
 const int g_prefill_ws = [] {
   const char* env = std::getenv("DSV4_MOE_PREFILL_WS");
-  return env && (env[0] == '1' || env[0] == '2') ? env[0] - '0' : 0;
+  return env && env[0] >= '1' && env[0] <= '4' && env[1] == 0 ? env[0] - '0' : 0;
 }();
 
 // Wide tiles on wgmma (moe_wgmma.cu) where the device and build have it, unless mode 1 asks
@@ -485,9 +485,9 @@ void set_moe_decode_tile(int tokens) {
 }
 
 void set_moe_wide_tiles(int mode) {
-  DSV4_CHECK(mode >= -1 && mode <= 6,
+  DSV4_CHECK(mode >= -1 && mode <= 8,
              "set_moe_wide_tiles: -1 (8-token tiles), 0 (by size), 1 (64-token mma.sync tiles), 2 / 3 (64- / "
-             "128-token wgmma tiles), 4 / 5 / 6 (128-token FP8 wgmma tiles; warp-specialised in 5 and 6)");
+             "128-token wgmma tiles), 4-8 (128-token FP8 wgmma tiles; warp-specialised in 5-8)");
   g_wide_mode = mode;
 }
 
@@ -665,7 +665,8 @@ void MoeRunner::run_impl(const ExpertSet& set, const float* x, int64_t R, const 
     uint8_t *xq = m.xq8.as<uint8_t>(), *hq = m.hq8.as<uint8_t>();
     float *xs = m.xsc.as<float>(), *hs = m.hsc.as<float>();
     act_quant_fp8_wgmma_b(x, R, d, d, xq, d, xs, s);
-    const Fp8TileKernels k = fp8_ws ? fp8_ws_kernels(fp8_ws == 2) : fp8_wide_kernels();
+    // ws form 1-4: (producer warpgroups, fence in the consumers) = (1, no), (1, yes), (2, no), (2, yes).
+    const Fp8TileKernels k = fp8_ws ? fp8_ws_kernels(fp8_ws > 2 ? 2 : 1, fp8_ws % 2 == 0) : fp8_wide_kernels();
     DSV4_CHECK(wgmma_available() && d % 128 == 0 && I % 128 == 0 && R * d < int64_t{UINT32_MAX} &&
                    pairs * I < int64_t{UINT32_MAX},
                "MoeRunner: FP8 prefill tiles need an sm_90a device and build, d and I multiples of 128 and "

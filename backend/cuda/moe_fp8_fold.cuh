@@ -163,20 +163,21 @@ __device__ __forceinline__ CtaSlices down_slices(const DevWeight* tab, int exper
   return cta_slices(tab[3 * expert + 1], tab[3 * expert + 1], r0, r0 + 64);
 }
 
-// The epilogues, from the [row][pitch] sums of a tile (every thread of the CTA): gate/up's h rows
-// r0 .. r0 + 63 of each token (SwiGLU of the W1 sums, rows 0-63, and the W3 sums, rows 64-127: 64
-// consecutive floats per token), down's y rows r0 .. r0 + 127 (128 consecutive floats per token).
+// The epilogues, from the [row][pitch] sums of a tile, by threads tid < n of the CTA: gate/up's h
+// rows r0 .. r0 + 63 of each token (SwiGLU of the W1 sums, rows 0-63, and the W3 sums, rows
+// 64-127: 64 consecutive floats per token), down's y rows r0 .. r0 + 127 (128 consecutive floats
+// per token).
 __device__ __forceinline__ void store_h(const float* ex, int pitch, const MoeTile& t, int64_t r0, int64_t I,
-                                        float limit, float* H) {
-  const int row = threadIdx.x & 63;
-  for (int col = threadIdx.x >> 6; col < t.count; col += blockDim.x / 64)
+                                        float limit, float* H, int tid, int n) {
+  const int row = tid & 63;
+  for (int col = tid >> 6; col < t.count; col += n / 64)
     H[static_cast<int64_t>(t.start + col) * I + r0 + row] =
         swiglu_clamped(ex[row * pitch + col], ex[(64 + row) * pitch + col], limit);
 }
 __device__ __forceinline__ void store_y(const float* ex, int pitch, const MoeTile& t, const int32_t* slot_pair,
-                                        int64_t r0, int64_t d, float* Y) {
-  const int row = threadIdx.x & 127;
-  for (int col = threadIdx.x >> 7; col < t.count; col += blockDim.x / 128)
+                                        int64_t r0, int64_t d, float* Y, int tid, int n) {
+  const int row = tid & 127;
+  for (int col = tid >> 7; col < t.count; col += n / 128)
     Y[static_cast<int64_t>(slot_pair[t.start + col]) * d + r0 + row] = ex[row * pitch + col];
 }
 

@@ -121,10 +121,11 @@ struct Fp8TileKernels {
   size_t smem;
 };
 Fp8TileKernels fp8_wide_kernels();
-// consumer_fence: the consumers make the stage's generic-proxy writes (the codes' cp.async, the
-// folded weights' stores) visible to their wgmmas after their wait, instead of the producer before
-// its arrival (whose fence may also wait on its copies still in flight; bench/NOTES.md step 23).
-Fp8TileKernels fp8_ws_kernels(bool consumer_fence);
+// producer_groups: 1 or 2 producer warpgroups (384 / 512 threads); consumer_fence: the consumers
+// make the stage's generic-proxy writes (the codes' cp.async, the folded weights' stores) visible
+// to their wgmmas after their wait, instead of the producers before their arrival (whose fence may
+// also wait on their copies still in flight; bench/NOTES.md step 23).
+Fp8TileKernels fp8_ws_kernels(int producer_groups, bool consumer_fence);
 // h = silu(min(g, L)) * clamp(v, ±L) (limit <= 0: plain SwiGLU), every expert kernel's epilogue.
 __device__ __forceinline__ float swiglu_clamped(float g, float v, float limit) {
   if (limit > 0.f) {

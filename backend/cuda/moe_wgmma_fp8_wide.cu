@@ -275,7 +275,7 @@ __global__ void __launch_bounds__(kThreads, 1) gateup_fp8_wide_kernel(const Fp8G
   const CtaSlices cs = gateup_slices(a.tab, t.expert);
   float* ex = reinterpret_cast<float*>(smem);
   tile_into(smem, cs, rows, a.xq, a.xs, a.ldxs, a.d, t.count, ex);
-  store_h(ex, kExPitch, t, cs.r0, a.I, a.limit, a.H);
+  store_h(ex, kExPitch, t, cs.r0, a.I, a.limit, a.H, threadIdx.x, kThreads);
 #endif
 }
 
@@ -291,7 +291,7 @@ __global__ void __launch_bounds__(kThreads, 1) down_fp8_wide_kernel(const Fp8Dow
   const CtaSlices cs = down_slices(a.tab, t.expert);
   float* ex = reinterpret_cast<float*>(smem);
   tile_into(smem, cs, rows, a.hq, a.hs, a.ldhs, a.I, t.count, ex);
-  store_y(ex, kExPitch, t, a.slot_pair, cs.r0, a.d, a.Y);
+  store_y(ex, kExPitch, t, a.slot_pair, cs.r0, a.d, a.Y, threadIdx.x, kThreads);
 #endif
 }
 

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <initializer_list>
 #include <numeric>
 #include <string>
 
@@ -438,14 +439,42 @@ TEST(CudaMoe, Fp8WgmmaDecodeTilesMatchMmaSync) {
 // sums, and the CPU formula; 64-token FP8 wgmma tiles: the same up to the FP8 tensor core's group
 // sums. Outputs poisoned first (accumulate = false must write every element); at least
 // one element differs from the 8-token bits (the wgmma kernels ran, not a fallback).
+// Rows of every expert weight get one group of each 128-block 6 / 11 / 12 / 20 exponents below the
+// rest, or one 9 above (both folding table kinds in one block, rows of each kind in one warp);
+// every fifth row keeps the narrow random spread.
+void spread_scales(Experts& ex, int64_t E, int64_t d, int64_t I) {
+  const int drops[4] = {6, 11, 12, 20};
+  auto spread = [&](TestWeight& w, int64_t rows, int64_t in) {
+    const int64_t sc = in / 32;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t kb = 0; kb < in / 128; ++kb) {
+        const int64_t g = 4 * kb + (r + kb) % 4;
+        if (r % 5 == 4) continue;
+        uint8_t& b = w.scale[static_cast<size_t>(r * sc + g)];
+        b = static_cast<uint8_t>(r % 5 == 3 ? b + 9 : b - drops[r % 4]);
+      }
+    ASSERT_EQ(cudaMemcpy(w.d_scale.as<uint8_t>(), w.scale.data(), w.scale.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  };
+  for (int64_t e = 0; e < E; ++e) {
+    spread(ex.w1[e], I, d);
+    spread(ex.w3[e], I, d);
+    spread(ex.w2[e], d, I);
+  }
+}
+
 // The wide-tile cases: packed FP4 experts of three shapes (1280 / 1152: 10 and 9 128-blocks, the
 // 4- and 5-stage rings wrap; 256: 2, fewer than the copies run ahead), each routed for R = 5
 // (tiles of one or two tokens, the second warpgroup idle), 300 (75 or 150 tokens per expert: one
 // tile, both warpgroups) and 700 (175 or 350: several tiles per expert, partial last ones).
+// With spread: a fourth shape whose scales spread_scales widened (the rounded folding tables).
 template <class Check>
-void for_each_wide_case(Check check) {
-  for (auto [E, d, I, K] : {std::array<int64_t, 4>{16, 256, 128, 4}, {8, 512, 384, 2}, {8, 1280, 1152, 2}}) {
+void for_each_wide_case(Check check, bool spread = false) {
+  std::vector<std::array<int64_t, 4>> cases = {{16, 256, 128, 4}, {8, 512, 384, 2}, {8, 1280, 1152, 2}};
+  if (spread) cases.push_back({4, 512, 256, 2});
+  for (size_t ci = 0; ci < cases.size(); ++ci) {
+    const auto [E, d, I, K] = cases[ci];
     Experts ex = make_experts(Kind::FP4, static_cast<int>(E), d, I);
+    if (ci == 3) spread_scales(ex, E, d, I);
     cuda::MoeRunner runner;
     ASSERT_TRUE(runner.pack_for_tensor_cores(ex.dev, nullptr));
     for (int64_t R : {5, 300, 700}) check(ex, runner, make_routing(R, d, K, static_cast<int>(E)), d, I, R, K);
@@ -502,23 +531,7 @@ TEST(CudaMoe, Fp8WideTilesFoldSpreadScales) {
   if (!cuda::moe_wgmma_available()) GTEST_SKIP() << "wgmma expert tiles need an sm_90 device and an arch-90a build";
   const int64_t E = 4, d = 512, I = 256, K = 2, R = 200;
   Experts ex = make_experts(Kind::FP4, static_cast<int>(E), d, I);
-  const int drops[4] = {6, 11, 12, 20};
-  auto spread = [&](TestWeight& w, int64_t rows, int64_t in) {
-    const int64_t sc = in / 32;
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t kb = 0; kb < in / 128; ++kb) {
-        const int64_t g = 4 * kb + (r + kb) % 4;
-        if (r % 5 == 4) continue;  // some rows keep the narrow random spread
-        uint8_t& b = w.scale[static_cast<size_t>(r * sc + g)];
-        b = static_cast<uint8_t>(r % 5 == 3 ? b + 9 : b - drops[r % 4]);
-      }
-    ASSERT_EQ(cudaMemcpy(w.d_scale.as<uint8_t>(), w.scale.data(), w.scale.size(), cudaMemcpyHostToDevice), cudaSuccess);
-  };
-  for (int64_t e = 0; e < E; ++e) {
-    spread(ex.w1[e], I, d);
-    spread(ex.w3[e], I, d);
-    spread(ex.w2[e], d, I);
-  }
+  spread_scales(ex, E, d, I);
   cuda::MoeRunner runner;
   ASSERT_TRUE(runner.pack_for_tensor_cores(ex.dev, nullptr));
   const Routing rt = make_routing(R, d, K, static_cast<int>(E));
@@ -549,32 +562,45 @@ TEST(CudaMoe, Fp8WideTilesFoldSpreadScales) {
   EXPECT_LE(rel_error(wide, narrow), 1e-2);
 }
 
-// The warp-specialised FP8 prefill kernels (a producer warpgroup folds the weights into shared
+// The warp-specialised FP8 prefill kernels (producer warpgroups fold the weights into shared
 // memory, two consumers run shared-memory wgmmas) compute the wide kernels' products in the same
-// order: outputs bit for bit equal, on every wide-tile case (N = 64 and 128 tiles, rings that
-// wrap and ones shorter than the copies' lead).
+// order: outputs bit for bit equal in every given mode, on every wide-tile case (N = 64 and 128
+// tiles, rings that wrap and ones shorter than the copies' lead) and the spread scales.
+void expect_ws_matches_wide(std::initializer_list<int> modes) {
+  for_each_wide_case(
+      [&](const Experts& ex, cuda::MoeRunner& runner, const Routing& rt, int64_t d, int64_t I, int64_t R, int64_t K) {
+        cuda::set_moe_wide_tiles(4);
+        const std::vector<float> wide = run_poisoned(runner, ex, rt, R, K);
+        for (int mode : modes) {
+          cuda::set_moe_wide_tiles(mode);
+          const std::vector<float> ws = run_poisoned(runner, ex, rt, R, K);
+          cuda::set_moe_wide_tiles(0);
+          size_t differ = 0, bad = 0;
+          for (size_t i = 0; i < ws.size(); ++i) {
+            differ += std::memcmp(&wide[i], &ws[i], sizeof(float)) != 0;
+            bad += !std::isfinite(ws[i]);
+          }
+          std::printf("moe fp8 ws tiles (mode %d) d=%lld I=%lld R=%lld: %zu of %zu differ from the wide kernels\n",
+                      mode, (long long)d, (long long)I, (long long)R, differ, ws.size());
+          EXPECT_EQ(bad, 0u) << "d=" << d << " R=" << R << " mode " << mode << ": unwritten or non-finite outputs";
+          EXPECT_EQ(differ, 0u) << "d=" << d << " I=" << I << " R=" << R << " mode " << mode;
+        }
+      },
+      true);
+}
+
+// One producer warpgroup, the proxy fence in the producers (5) or the consumers (6).
 TEST(CudaMoe, Fp8WarpSpecialisedTilesMatchWide) {
   DSV4_REQUIRE_GPU();
   if (!cuda::moe_wgmma_available()) GTEST_SKIP() << "wgmma expert tiles need an sm_90 device and an arch-90a build";
-  for_each_wide_case([](const Experts& ex, cuda::MoeRunner& runner, const Routing& rt, int64_t d, int64_t I, int64_t R,
-                        int64_t K) {
-    cuda::set_moe_wide_tiles(4);
-    const std::vector<float> wide = run_poisoned(runner, ex, rt, R, K);
-    for (int mode : {5, 6}) {  // the fence in the producer / in the consumers
-      cuda::set_moe_wide_tiles(mode);
-      const std::vector<float> ws = run_poisoned(runner, ex, rt, R, K);
-      cuda::set_moe_wide_tiles(0);
-      size_t differ = 0, bad = 0;
-      for (size_t i = 0; i < ws.size(); ++i) {
-        differ += std::memcmp(&wide[i], &ws[i], sizeof(float)) != 0;
-        bad += !std::isfinite(ws[i]);
-      }
-      std::printf("moe fp8 ws tiles (mode %d) d=%lld I=%lld R=%lld: %zu of %zu differ from the wide kernels\n", mode,
-                  (long long)d, (long long)I, (long long)R, differ, ws.size());
-      EXPECT_EQ(bad, 0u) << "d=" << d << " R=" << R << " mode " << mode << ": unwritten or non-finite outputs";
-      EXPECT_EQ(differ, 0u) << "d=" << d << " I=" << I << " R=" << R << " mode " << mode;
-    }
-  });
+  expect_ws_matches_wide({5, 6});
+}
+
+// Two producer warpgroups (512 threads, registers moved by setmaxnreg), both fence places.
+TEST(CudaMoe, Fp8WarpSpecialisedTwoProducersMatchWide) {
+  DSV4_REQUIRE_GPU();
+  if (!cuda::moe_wgmma_available()) GTEST_SKIP() << "wgmma expert tiles need an sm_90 device and an arch-90a build";
+  expect_ws_matches_wide({7, 8});
 }
 
 }  // namespace
