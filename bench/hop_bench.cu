@@ -20,6 +20,7 @@
 #include "backend/cuda/device.h"
 #include "backend/cuda/ops_common.cuh"
 #include "backend/cuda/pdl.cuh"
+#include "bench/event_timing.h"
 
 using namespace dsv4::cuda;
 using namespace dsv4::cuda::detail;
@@ -64,28 +65,9 @@ __global__ void hop_persistent_kernel(int* v, int G, int hops, unsigned* arrived
   }
 }
 
-// Events on the stream the work runs on (a non-blocking stream does not order with the legacy
-// default stream: events there time nothing, as the first run of this bench did).
 template <class F>
 double median_ms(cudaStream_t s, F call) {
-  cudaEvent_t a, b;
-  DSV4_CUDA_CHECK(cudaEventCreate(&a));
-  DSV4_CUDA_CHECK(cudaEventCreate(&b));
-  call();  // warm-up
-  std::vector<float> t;
-  for (int i = 0; i < kReps; ++i) {
-    DSV4_CUDA_CHECK(cudaEventRecord(a, s));
-    call();
-    DSV4_CUDA_CHECK(cudaEventRecord(b, s));
-    DSV4_CUDA_CHECK(cudaEventSynchronize(b));
-    float ms;
-    DSV4_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  return dsv4::bench::median_event_ms([&](int) { call(); }, 1, kReps, s);
 }
 
 // Every entry of the last hop's buffer is kHops (all start at 0): false if a hop read stale data.

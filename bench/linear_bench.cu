@@ -18,6 +18,7 @@
 #include "backend/cuda/gemm_fp8_grouped.h"
 #include "backend/cuda/linear.h"
 #include "backend/cuda/moe.h"
+#include "bench/event_timing.h"
 
 using namespace dsv4;
 using namespace dsv4::cuda;
@@ -46,24 +47,7 @@ void fill(DeviceBuffer& b, uint32_t seed, uint8_t mask, uint8_t add) {
 
 template <class F>
 double median_us(F call) {
-  cudaEvent_t a, b;
-  DSV4_CUDA_CHECK(cudaEventCreate(&a));
-  DSV4_CUDA_CHECK(cudaEventCreate(&b));
-  for (int i = 0; i < kWarm; ++i) call(i);
-  std::vector<float> t;
-  for (int i = 0; i < kReps; ++i) {
-    DSV4_CUDA_CHECK(cudaEventRecord(a));
-    call(kWarm + i);
-    DSV4_CUDA_CHECK(cudaEventRecord(b));
-    DSV4_CUDA_CHECK(cudaEventSynchronize(b));
-    float ms;
-    DSV4_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2] * 1e3;
+  return dsv4::bench::median_event_ms(call, kWarm, kReps) * 1e3;
 }
 
 // BENCH_LINEAR_ONLY=name[,name]: only those weights; BENCH_LINEAR_ROWS=1[,8]: only those row

@@ -23,6 +23,7 @@
 #include "backend/cuda/ops.h"
 #include "backend/cuda/ops_indexer_mma.h"
 #include "backend/cuda/ops_indexer_select.h"
+#include "bench/event_timing.h"
 
 using namespace dsv4;
 using namespace dsv4::cuda;
@@ -62,25 +63,7 @@ DeviceBuffer bf16_copy(const DeviceBuffer& f32, size_t n) {
 // Events on `stream` (the legacy default stream unless given).
 template <class F>
 double median_us(F call, cudaStream_t stream = nullptr) {
-  cudaEvent_t a, b;
-  DSV4_CUDA_CHECK(cudaEventCreate(&a));
-  DSV4_CUDA_CHECK(cudaEventCreate(&b));
-  for (int i = 0; i < kWarm; ++i) call();
-  DSV4_CUDA_CHECK(cudaDeviceSynchronize());
-  std::vector<float> t;
-  for (int i = 0; i < kReps; ++i) {
-    DSV4_CUDA_CHECK(cudaEventRecord(a, stream));
-    call();
-    DSV4_CUDA_CHECK(cudaEventRecord(b, stream));
-    DSV4_CUDA_CHECK(cudaEventSynchronize(b));
-    float ms;
-    DSV4_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2] * 1e3;
+  return dsv4::bench::median_event_ms([&](int) { call(); }, kWarm, kReps, stream) * 1e3;
 }
 
 // rate: the FLOP rate of the unit the kernel runs on (fp32 SIMT unless given).
