@@ -17,6 +17,8 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 #include "backend/cuda/check.h"
 #include "backend/cuda/cp_async.cuh"
 #include "backend/cuda/device.h"
@@ -263,40 +265,42 @@ __device__ __forceinline__ void tile_into(unsigned char* smem, const CtaSlices& 
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-__global__ void __launch_bounds__(kThreads, 1) gateup_fp8_wide_kernel(const Fp8GateUpArgs a) {
+// Gate/up (Fp8GateUpArgs: h rows r0 .. r0 + 63, SwiGLU of the W1 and W3 slices) or down
+// (Fp8DownArgs: y rows r0 .. r0 + 127) of one tile.
+template <class Args>
+__global__ void __launch_bounds__(kThreads, 1) fp8_wide_kernel(const Args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr bool kGateUp = std::is_same_v<Args, Fp8GateUpArgs>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* smem = align_1024(smem_raw);
   if (static_cast<int>(blockIdx.y) >= *a.n_tiles) return;
   const MoeTile t = a.tiles[blockIdx.y];
   int32_t* rows = reinterpret_cast<int32_t*>(smem + kStages * sizeof(Stage));
-  if (threadIdx.x < kTok) rows[threadIdx.x] = a.slot_pair[t.start + (threadIdx.x < t.count ? threadIdx.x : 0)] / a.K;
+  if (threadIdx.x < kTok) {
+    const int c = threadIdx.x < t.count ? threadIdx.x : 0;
+    if constexpr (kGateUp)
+      rows[threadIdx.x] = a.slot_pair[t.start + c] / a.K;
+    else
+      rows[threadIdx.x] = t.start + c;
+  }
   __syncthreads();
-  const CtaSlices cs = gateup_slices(a.tab, t.expert);
   float* ex = reinterpret_cast<float*>(smem);
-  tile_into(smem, cs, rows, a.xq, a.xs, a.ldxs, a.d, t.count, ex);
-  store_h(ex, kExPitch, t, cs.r0, a.I, a.limit, a.H, threadIdx.x, kThreads);
-#endif
-}
-
-__global__ void __launch_bounds__(kThreads, 1) down_fp8_wide_kernel(const Fp8DownArgs a) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  extern __shared__ __align__(128) unsigned char smem_raw[];
-  unsigned char* smem = align_1024(smem_raw);
-  if (static_cast<int>(blockIdx.y) >= *a.n_tiles) return;
-  const MoeTile t = a.tiles[blockIdx.y];
-  int32_t* rows = reinterpret_cast<int32_t*>(smem + kStages * sizeof(Stage));
-  if (threadIdx.x < kTok) rows[threadIdx.x] = t.start + (threadIdx.x < t.count ? threadIdx.x : 0);
-  __syncthreads();
-  const CtaSlices cs = down_slices(a.tab, t.expert);
-  float* ex = reinterpret_cast<float*>(smem);
-  tile_into(smem, cs, rows, a.hq, a.hs, a.ldhs, a.I, t.count, ex);
-  store_y(ex, kExPitch, t, a.slot_pair, cs.r0, a.d, a.Y, threadIdx.x, kThreads);
+  if constexpr (kGateUp) {
+    const CtaSlices cs = gateup_slices(a.tab, t.expert);
+    tile_into(smem, cs, rows, a.xq, a.xs, a.ldxs, a.d, t.count, ex);
+    store_h(ex, kExPitch, t, cs.r0, a.I, a.limit, a.H, threadIdx.x, kThreads);
+  } else {
+    const CtaSlices cs = down_slices(a.tab, t.expert);
+    tile_into(smem, cs, rows, a.hq, a.hs, a.ldhs, a.I, t.count, ex);
+    store_y(ex, kExPitch, t, a.slot_pair, cs.r0, a.d, a.Y, threadIdx.x, kThreads);
+  }
 #endif
 }
 
 }  // namespace
 
-Fp8TileKernels fp8_wide_kernels() { return {gateup_fp8_wide_kernel, down_fp8_wide_kernel, kThreads, kSmem}; }
+Fp8TileKernels fp8_wide_kernels() {
+  return {fp8_wide_kernel<Fp8GateUpArgs>, fp8_wide_kernel<Fp8DownArgs>, kThreads, kSmem};
+}
 
 }  // namespace dsv4::cuda::detail

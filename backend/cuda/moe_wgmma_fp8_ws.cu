@@ -20,6 +20,8 @@
 // latency; its registers come from the consumers' share by setmaxnreg (the pool is 128 a thread).
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 #include "backend/cuda/check.h"
 #include "backend/cuda/cp_async.cuh"
 #include "backend/cuda/device.h"
@@ -310,50 +312,50 @@ __device__ __forceinline__ Shared& setup(unsigned char* smem, int count, RowOf r
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-template <int G, bool kConsumerFence>
-__global__ void __launch_bounds__(Roles<G>::kThreads, 1) gateup_fp8_ws_kernel(const Fp8GateUpArgs a) {
+// Gate/up (Fp8GateUpArgs: h rows r0 .. r0 + 63, SwiGLU of the W1 and W3 slices) or down
+// (Fp8DownArgs: y rows r0 .. r0 + 127) of one tile.
+template <int G, bool kConsumerFence, class Args>
+__global__ void __launch_bounds__(Roles<G>::kThreads, 1) fp8_ws_kernel(const Args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr bool kGateUp = std::is_same_v<Args, Fp8GateUpArgs>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* smem = align_1024(smem_raw);
   if (static_cast<int>(blockIdx.y) >= *a.n_tiles) return;
   const MoeTile t = a.tiles[blockIdx.y];
-  Shared& sh = setup<G>(smem, t.count, [&](int c) { return a.slot_pair[t.start + c] / a.K; });
-  const CtaSlices cs = gateup_slices(a.tab, t.expert);
+  Shared& sh = setup<G>(smem, t.count, [&](int c) {
+    if constexpr (kGateUp)
+      return a.slot_pair[t.start + c] / a.K;
+    else
+      return t.start + c;
+  });
   float* ex = reinterpret_cast<float*>(smem);
-  const bool stores = t.count <= 64 ? tile_product<64, G, kConsumerFence>(smem, sh, cs, a.xq, a.xs, a.ldxs, a.d, ex)
-                                    : tile_product<128, G, kConsumerFence>(smem, sh, cs, a.xq, a.xs, a.ldxs, a.d, ex);
-  if (stores) store_h(ex, kExPitch, t, cs.r0, a.I, a.limit, a.H, threadIdx.x - Roles<G>::kProducers, kConsumers);
+  if constexpr (kGateUp) {
+    const CtaSlices cs = gateup_slices(a.tab, t.expert);
+    const bool stores = t.count <= 64 ? tile_product<64, G, kConsumerFence>(smem, sh, cs, a.xq, a.xs, a.ldxs, a.d, ex)
+                                      : tile_product<128, G, kConsumerFence>(smem, sh, cs, a.xq, a.xs, a.ldxs, a.d, ex);
+    if (stores) store_h(ex, kExPitch, t, cs.r0, a.I, a.limit, a.H, threadIdx.x - Roles<G>::kProducers, kConsumers);
+  } else {
+    const CtaSlices cs = down_slices(a.tab, t.expert);
+    const bool stores = t.count <= 64 ? tile_product<64, G, kConsumerFence>(smem, sh, cs, a.hq, a.hs, a.ldhs, a.I, ex)
+                                      : tile_product<128, G, kConsumerFence>(smem, sh, cs, a.hq, a.hs, a.ldhs, a.I, ex);
+    if (stores)
+      store_y(ex, kExPitch, t, a.slot_pair, cs.r0, a.d, a.Y, threadIdx.x - Roles<G>::kProducers, kConsumers);
+  }
 #endif
 }
 
 template <int G, bool kConsumerFence>
-__global__ void __launch_bounds__(Roles<G>::kThreads, 1) down_fp8_ws_kernel(const Fp8DownArgs a) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  extern __shared__ __align__(128) unsigned char smem_raw[];
-  unsigned char* smem = align_1024(smem_raw);
-  if (static_cast<int>(blockIdx.y) >= *a.n_tiles) return;
-  const MoeTile t = a.tiles[blockIdx.y];
-  Shared& sh = setup<G>(smem, t.count, [&](int c) { return t.start + c; });
-  const CtaSlices cs = down_slices(a.tab, t.expert);
-  float* ex = reinterpret_cast<float*>(smem);
-  const bool stores = t.count <= 64 ? tile_product<64, G, kConsumerFence>(smem, sh, cs, a.hq, a.hs, a.ldhs, a.I, ex)
-                                    : tile_product<128, G, kConsumerFence>(smem, sh, cs, a.hq, a.hs, a.ldhs, a.I, ex);
-  if (stores) store_y(ex, kExPitch, t, a.slot_pair, cs.r0, a.d, a.Y, threadIdx.x - Roles<G>::kProducers, kConsumers);
-#endif
+Fp8TileKernels ws_kernels() {
+  return {fp8_ws_kernel<G, kConsumerFence, Fp8GateUpArgs>, fp8_ws_kernel<G, kConsumerFence, Fp8DownArgs>,
+          Roles<G>::kThreads, kSmem};
 }
 
 }  // namespace
 
 Fp8TileKernels fp8_ws_kernels(int producer_groups, bool consumer_fence) {
   DSV4_CHECK(producer_groups == 1 || producer_groups == 2, "fp8_ws_kernels: 1 or 2 producer warpgroups");
-  if (producer_groups == 2)
-    return consumer_fence ? Fp8TileKernels{gateup_fp8_ws_kernel<2, true>, down_fp8_ws_kernel<2, true>,
-                                           Roles<2>::kThreads, kSmem}
-                          : Fp8TileKernels{gateup_fp8_ws_kernel<2, false>, down_fp8_ws_kernel<2, false>,
-                                           Roles<2>::kThreads, kSmem};
-  return consumer_fence
-             ? Fp8TileKernels{gateup_fp8_ws_kernel<1, true>, down_fp8_ws_kernel<1, true>, Roles<1>::kThreads, kSmem}
-             : Fp8TileKernels{gateup_fp8_ws_kernel<1, false>, down_fp8_ws_kernel<1, false>, Roles<1>::kThreads, kSmem};
+  if (producer_groups == 2) return consumer_fence ? ws_kernels<2, true>() : ws_kernels<2, false>();
+  return consumer_fence ? ws_kernels<1, true>() : ws_kernels<1, false>();
 }
 
 }  // namespace dsv4::cuda::detail
