@@ -163,6 +163,19 @@ __device__ __forceinline__ CtaSlices down_slices(const DevWeight* tab, int exper
   return cta_slices(tab[3 * expert + 1], tab[3 * expert + 1], r0, r0 + 64);
 }
 
+// The CTA's tile (blockIdx.y; false past the last one: the grid is sized for the most tiles) and
+// the activation row of its column c (gate/up: the token of slot start + c; down: the slot).
+template <class Args>
+__device__ __forceinline__ bool cta_tile(const Args& a, MoeTile& t) {
+  if (static_cast<int>(blockIdx.y) >= *a.n_tiles) return false;
+  t = a.tiles[blockIdx.y];
+  return true;
+}
+__device__ __forceinline__ int32_t act_row(const Fp8GateUpArgs& a, const MoeTile& t, int c) {
+  return a.slot_pair[t.start + c] / a.K;
+}
+__device__ __forceinline__ int32_t act_row(const Fp8DownArgs&, const MoeTile& t, int c) { return t.start + c; }
+
 // The epilogues, from the [row][pitch] sums of a tile, by threads tid < n of the CTA: gate/up's h
 // rows r0 .. r0 + 63 of each token (SwiGLU of the W1 sums, rows 0-63, and the W3 sums, rows
 // 64-127: 64 consecutive floats per token), down's y rows r0 .. r0 + 127 (128 consecutive floats

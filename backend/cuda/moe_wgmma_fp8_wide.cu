@@ -273,16 +273,10 @@ __global__ void __launch_bounds__(kThreads, 1) fp8_wide_kernel(const Args a) {
   constexpr bool kGateUp = std::is_same_v<Args, Fp8GateUpArgs>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* smem = align_1024(smem_raw);
-  if (static_cast<int>(blockIdx.y) >= *a.n_tiles) return;
-  const MoeTile t = a.tiles[blockIdx.y];
+  MoeTile t;
+  if (!cta_tile(a, t)) return;
   int32_t* rows = reinterpret_cast<int32_t*>(smem + kStages * sizeof(Stage));
-  if (threadIdx.x < kTok) {
-    const int c = threadIdx.x < t.count ? threadIdx.x : 0;
-    if constexpr (kGateUp)
-      rows[threadIdx.x] = a.slot_pair[t.start + c] / a.K;
-    else
-      rows[threadIdx.x] = t.start + c;
-  }
+  if (threadIdx.x < kTok) rows[threadIdx.x] = act_row(a, t, threadIdx.x < t.count ? threadIdx.x : 0);
   __syncthreads();
   float* ex = reinterpret_cast<float*>(smem);
   if constexpr (kGateUp) {

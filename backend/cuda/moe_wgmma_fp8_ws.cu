@@ -312,22 +312,16 @@ __device__ __forceinline__ Shared& setup(unsigned char* smem, int count, RowOf r
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-// Gate/up (Fp8GateUpArgs: h rows r0 .. r0 + 63, SwiGLU of the W1 and W3 slices) or down
-// (Fp8DownArgs: y rows r0 .. r0 + 127) of one tile.
+// One tile's gate/up (Args = Fp8GateUpArgs) or down (Fp8DownArgs), G producer warpgroups.
 template <int G, bool kConsumerFence, class Args>
 __global__ void __launch_bounds__(Roles<G>::kThreads, 1) fp8_ws_kernel(const Args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr bool kGateUp = std::is_same_v<Args, Fp8GateUpArgs>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* smem = align_1024(smem_raw);
-  if (static_cast<int>(blockIdx.y) >= *a.n_tiles) return;
-  const MoeTile t = a.tiles[blockIdx.y];
-  Shared& sh = setup<G>(smem, t.count, [&](int c) {
-    if constexpr (kGateUp)
-      return a.slot_pair[t.start + c] / a.K;
-    else
-      return t.start + c;
-  });
+  MoeTile t;
+  if (!cta_tile(a, t)) return;
+  Shared& sh = setup<G>(smem, t.count, [&](int c) { return act_row(a, t, c); });
   float* ex = reinterpret_cast<float*>(smem);
   if constexpr (kGateUp) {
     const CtaSlices cs = gateup_slices(a.tab, t.expert);
