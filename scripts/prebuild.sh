@@ -5,7 +5,7 @@
 # bench/..., tests/cuda/...); then run `PREBUILT=.prebuilt/p.tgz scripts/gpu-check.sh MODE` on the
 # device with carry [".prebuilt"] (gpu-check falls back to building if they do not run there).
 # BUILD (default /tmp/lbuild) keeps the build tree between calls; the first configure needs the
-# packages in .ci/run's list plus nvcc at /usr/local/cuda/bin.
+# packages in .ci/run's list, ninja-build and nvcc at /usr/local/cuda/bin.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 (($# > 0)) || { echo "usage: scripts/prebuild.sh TARGET..." >&2; exit 2; }
