@@ -135,6 +135,7 @@ read -r -a extra <<<"${EXTRA_TESTS:-}"
 [[ "$MODE" == ops-ncu ]] && targets=(--target bench_ops dsv4 "${extra[@]}")
 [[ "$MODE" == moe-attn ]] && targets=(--target cuda_moe_test cuda_ops_attention_test bench_linear bench_ops dsv4 "${extra[@]}")
 [[ "$MODE" == dev ]] && targets=(--target bench_linear bench_ops dsv4 "${extra[@]}")
+[[ "$MODE" == moe-ws || "$MODE" == moe-profile ]] && targets=(--target cuda_moe_test bench_linear bench_hops dsv4)
 if [[ -n "${TARGETS:-}" ]]; then read -r -a only <<<"$TARGETS"; targets=(--target "${only[@]}"); fi
 if [[ "${SKIP_BUILD:-0}" != 1 ]] && ! cmake --build "$BUILD" -j"$JOBS" "${targets[@]}" >"$LOG/build.log" 2>&1; then
   grep -E "error|Error" "$LOG/build.log" | head -40; cp "$LOG/build.log" "$OUT/"; echo "build FAILED"; exit 1
