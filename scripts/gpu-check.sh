@@ -385,12 +385,15 @@ if [[ "$MODE" == moe-ws ]]; then
   fi
 fi
 
-if [[ "$MODE" == moe-profile ]]; then
+if [[ "$MODE" == moe-ws || "$MODE" == moe-profile ]]; then
   # The fixed cost of a dependent hop (graph chain, PDL chain) against a persistent kernel's grid
   # barrier: what the batch-1 chain's ~17 hops a layer cost, in seconds of runtime.
   timeout 60 "$BUILD/bench/bench_hops" >"$LOG/bench_hops.log" 2>&1
   summary+=("bench_hops: rc=$? $(grep -E 'per hop|not co-resident' "$LOG/bench_hops.log" | tr -s ' ' | tr '\n' ';')")
   save
+fi
+
+if [[ "$MODE" == moe-profile ]]; then
   # bench_linear moe, packed experts (the layout a Fast model runs): per token count and kernel
   # variant (default FP8 wgmma, mma.sync, mma.sync rb1, mma.sync occ2) 28 calls of (gateup,
   # down); skip three warm-up calls of the default. 1 token: launches 6-7; 64 tokens: after 2
