@@ -314,15 +314,26 @@ void bench_moe() {
         tiles.push_back({0, 3, 6, 0, 0, " 128-token fp8 ws consumer-fence tiles"});
         tiles.push_back({0, 3, 7, 0, 0, " 128-token fp8 ws2 tiles"});
         tiles.push_back({0, 3, 8, 0, 0, " 128-token fp8 ws2 consumer-fence tiles"});
+        tiles.push_back({0, 3, 9, 0, 0, " 128-token fp8 ws tma tiles"});
+        tiles.push_back({0, 3, 10, 0, 0, " 128-token fp8 ws tma consumer-fence tiles"});
       }
       const std::vector<Variant> variants = !packed ? std::vector<Variant>{all[0]} : R < 256 ? all : tiles;
       // BENCH_MOE_VARIANT=text: the default and the variants whose tag holds text (e.g. "fp8");
-      // BENCH_MOE_SKIP=text: not those whose tag holds text.
+      // BENCH_MOE_SKIP=a,b: not those whose tag holds any of the texts.
       const char* want = std::getenv("BENCH_MOE_VARIANT");
       const char* skip = std::getenv("BENCH_MOE_SKIP");
+      const auto skipped = [&](const char* tag) {
+        if (!skip) return false;
+        std::string list = skip;
+        for (size_t b = 0, e; b < list.size(); b = e + 1) {
+          e = std::min(list.find(',', b), list.size());
+          if (e > b && std::strstr(tag, list.substr(b, e - b).c_str())) return true;
+        }
+        return false;
+      };
       for (const Variant& v : variants) {
         if (want && *want && *v.tag && !std::strstr(v.tag, want)) continue;
-        if (skip && *skip && std::strstr(v.tag, skip)) continue;
+        if (skipped(v.tag)) continue;
         const int rb = v.rb;
         for (Precision p : {Precision::Exact, Precision::Fast}) {
           if ((packed || R > 256) && p == Precision::Exact) continue;  // Exact at 4096 tokens: seconds

@@ -335,22 +335,26 @@ if [[ "$MODE" == moe-ncu ]]; then
 fi
 
 if [[ "$MODE" == moe-ws ]]; then
-  # The warp-specialised FP8 prefill expert kernels (set_moe_wide_tiles 5-8, DSV4_MOE_PREFILL_WS
-  # 1-4: one or two producer warpgroups, the proxy fence in the producers or the consumers) against
-  # the wide ones: the bitwise tests (a hang is cut by the timeout), bench_linear moe at
-  # MOE_WS_TOKENS (default 2048,4096,8192) for the FP8 variants, WS_NCU=1: ncu of one form's
-  # gate/up, then e2e prefill 8192 with the forms and without, alternating (E2E_AB's machinery),
-  # then memcheck / synccheck / racecheck (WS_SANITIZERS) on the bitwise tests.
-  timeout 150 "$BUILD/tests/cuda/cuda_moe_test" --gtest_filter='*Fp8*:*Wgmma*:-*TwoProducers*' >"$LOG/moe-ws-test.log" 2>&1
+  # The warp-specialised FP8 prefill expert kernels (set_moe_wide_tiles 5-10, DSV4_MOE_PREFILL_WS
+  # 1-6: one or two producer warpgroups, the proxy fence in the producers or the consumers, and
+  # the clusters sharing codes by TMA) against the wide ones: the bitwise tests (the two-producer
+  # and cluster forms each alone under a short limit: a wrong register split or barrier count
+  # hangs), bench_linear moe at MOE_WS_TOKENS (default 2048,4096,8192) for the FP8 variants that
+  # passed, WS_NCU=1: ncu of the gate/up of each variant in WS_NCU_VARIANTS, then e2e prefill 8192
+  # with the forms and without, alternating (E2E_AB's machinery), then memcheck / synccheck /
+  # racecheck (WS_SANITIZERS) on the bitwise tests.
+  timeout 150 "$BUILD/tests/cuda/cuda_moe_test" --gtest_filter='*Fp8*:*Wgmma*:-*TwoProducers*:*ClusterTma*' >"$LOG/moe-ws-test.log" 2>&1
   rc=$?
   summary+=("cuda_moe_test Fp8/Wgmma: rc=$rc $(grep -E 'PASSED|FAILED' "$LOG/moe-ws-test.log" | tr -s ' ' | tr '\n' ';')")
   grep -E "differ from" "$LOG/moe-ws-test.log" | grep -v " 0 of " | head -5 >>"$LOG/summary-failures.log"
-  # The two-producer forms (setmaxnreg: a wrong register split hangs, step 14) alone, under a
-  # short limit; the bench runs them only if they passed.
-  timeout 60 "$BUILD/tests/cuda/cuda_moe_test" --gtest_filter='*TwoProducers*' >"$LOG/moe-ws2-test.log" 2>&1
-  rc2=$?
-  summary+=("cuda_moe_test TwoProducers: rc=$rc2 $(grep -E 'PASSED|FAILED' "$LOG/moe-ws2-test.log" | tr -s ' ' | tr '\n' ';')")
-  skip=""; [[ $rc2 == 0 ]] || skip=ws2
+  skip=""; skip_tests=""
+  for t in TwoProducers:ws2 ClusterTma:tma; do
+    timeout 60 "$BUILD/tests/cuda/cuda_moe_test" --gtest_filter="*${t%%:*}*" >"$LOG/moe-ws-${t##*:}-test.log" 2>&1
+    rct=$?
+    summary+=("cuda_moe_test ${t%%:*}: rc=$rct $(grep -E 'PASSED|FAILED' "$LOG/moe-ws-${t##*:}-test.log" | tr -s ' ' | tr '\n' ';')")
+    grep -E "differ from" "$LOG/moe-ws-${t##*:}-test.log" | grep -v " 0 of " | head -5 >>"$LOG/summary-failures.log"
+    [[ $rct == 0 ]] || { skip="$skip${skip:+,}${t##*:}"; skip_tests="$skip_tests:*${t%%:*}*"; }
+  done
   save
   if [[ $rc == 0 ]]; then
     BENCH_MOE_TOKENS="${MOE_WS_TOKENS:-2048,4096,8192}" BENCH_MOE_VARIANT=fp8 BENCH_MOE_SKIP="$skip" timeout 200 "$BUILD/bench/bench_linear" moe \
@@ -359,26 +363,32 @@ if [[ "$MODE" == moe-ws ]]; then
     while IFS= read -r line; do summary+=("  $line"); done < <(grep -E "moe fp4" "$LOG/bench_linear-ws.log")
     save
     if [[ "${WS_NCU:-0}" == 1 ]]; then
-      # Where the warp-specialised gate/up waits (producer vs consumers): sections and the stall
-      # sampling by source line, one launch at 4096 tokens (launch 2: after a warm-up call's pair)
-      # of the bench variant WS_NCU_VARIANT (default: one producer warpgroup, fence in the consumers).
-      BENCH_MOE_TOKENS=4096 BENCH_MOE_VARIANT="${WS_NCU_VARIANT:-ws consumer}" timeout 150 ncu --kernel-name regex:"gateup_fp8_ws_kernel" \
-        --launch-skip 2 --launch-count 1 --import-source yes --section SpeedOfLight --section WarpStateStats \
-        --section SchedulerStats --section Occupancy --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
-        --section SourceCounters --section InstructionStats "$BUILD/bench/bench_linear" moe >"$LOG/ncu-ws-gateup.txt" 2>&1
-      summary+=("ncu ws gateup: rc=$? $(grep -E ' Duration|Compute \(SM\) Throughput|Issue Slots Busy|No Eligible' "$LOG/ncu-ws-gateup.txt" | tr -s ' ' | tr '\n' ';')")
-      cp "$LOG/ncu-ws-gateup.txt" "$OUT/" 2>/dev/null
-      save
+      # Where each form's gate/up waits: sections and the stall sampling by source line, one
+      # launch at 4096 tokens (launch 2 of the kernel: after a warm-up call's gate/up and down).
+      IFS=',' read -r -a ncu_variants <<<"${WS_NCU_VARIANTS:-ws consumer,ws tma consumer}"
+      i=0
+      for v in "${ncu_variants[@]}"; do
+        [[ ",$skip," == *",tma,"* && "$v" == *tma* ]] && continue
+        BENCH_MOE_TOKENS=4096 BENCH_MOE_VARIANT="$v" timeout 150 ncu --kernel-name regex:"fp8_ws_kernel" \
+          --launch-skip 2 --launch-count 1 --import-source yes --section SpeedOfLight --section WarpStateStats \
+          --section SchedulerStats --section Occupancy --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+          --section SourceCounters --section InstructionStats "$BUILD/bench/bench_linear" moe >"$LOG/ncu-ws-gateup$i.txt" 2>&1
+        summary+=("ncu $v gateup: rc=$? $(grep -E ' Duration|Compute \(SM\) Throughput|L2 Cache Throughput|L1/TEX Hit|Issue Slots Busy|No Eligible' "$LOG/ncu-ws-gateup$i.txt" | tr -s ' ' | tr '\n' ';')")
+        cp "$LOG/ncu-ws-gateup$i.txt" "$OUT/" 2>/dev/null
+        save
+        i=$((i + 1))
+      done
     fi
-    # e2e sides (after the default): the best-guess form, default, the others, default, best again.
-    ws_sides="DSV4_MOE_PREFILL_WS=2;DSV4_MOE_PREFILL_WS=1;;DSV4_MOE_PREFILL_WS=2"
-    [[ $rc2 == 0 ]] && ws_sides="DSV4_MOE_PREFILL_WS=4;;DSV4_MOE_PREFILL_WS=2;DSV4_MOE_PREFILL_WS=1;;DSV4_MOE_PREFILL_WS=4"
+    # e2e sides (after the default): the forms that passed, the default between them, alternating.
+    ws_sides="DSV4_MOE_PREFILL_WS=2;DSV4_MOE_PREFILL_WS=1;"
+    [[ ",$skip," == *",ws2,"* ]] || ws_sides="$ws_sides;DSV4_MOE_PREFILL_WS=4"
+    [[ ",$skip," == *",tma,"* ]] || ws_sides="DSV4_MOE_PREFILL_WS=6;DSV4_MOE_PREFILL_WS=5;;$ws_sides;DSV4_MOE_PREFILL_WS=6"
     E2E_BATCHES="${E2E_BATCHES:-1}" E2E_PREFILL="${E2E_PREFILL:-8192}" E2E_AB="${WS_E2E_AB:-$ws_sides}"
     [[ "${WS_E2E:-1}" == 1 ]] && e2e_ab
     E2E_AB=""
     for tool in ${WS_SANITIZERS:-memcheck synccheck racecheck}; do
       timeout 100 compute-sanitizer --tool $tool --error-exitcode 9 "$BUILD/tests/cuda/cuda_moe_test" \
-        --gtest_filter="*Fp8WarpSpecialised*${skip:+:-*TwoProducers*}" >"$LOG/sanitizer-ws-$tool.log" 2>&1
+        --gtest_filter="*Fp8WarpSpecialised*${skip_tests:+:-}${skip_tests#:}" >"$LOG/sanitizer-ws-$tool.log" 2>&1
       summary+=("$tool ws: rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOG/sanitizer-ws-$tool.log" | tail -1)")
       save
     done

@@ -351,13 +351,15 @@ void combine(const float* Y, const int32_t* experts, const float* weights, int64
 }
 
 // One of the FP8 prefill kernels (a set's gate/up or down) over grid_x CTAs per tile, as a
-// programmatic dependent of the launch before.
+// programmatic dependent of the launch before (in the set's clusters).
 template <typename Kernel, typename... Args>
 void launch_fp8_tiles(Kernel kernel, const Fp8TileKernels& k, int64_t grid_x, unsigned max_tiles, cudaStream_t s,
                       Args&&... args) {
+  DSV4_CHECK(grid_x % k.cluster == 0, "MoeRunner: the clustered FP8 prefill tiles need d / 128 and I / 64 to be "
+             "multiples of ", k.cluster);
   DSV4_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(k.smem)));
-  launch_dependent(kernel, dim3(static_cast<unsigned>(grid_x), max_tiles), dim3(k.threads), k.smem, s,
-                   std::forward<Args>(args)...);
+  launch_dependent_clustered(kernel, dim3(static_cast<unsigned>(grid_x), max_tiles), dim3(k.threads), k.smem,
+                             static_cast<unsigned>(k.cluster), s, std::forward<Args>(args)...);
 }
 
 int g_wide_mode = 0;  // set_moe_wide_tiles
@@ -369,12 +371,20 @@ const bool g_prefill_fp8 = [] {
   return !(env && env[0] == '0');
 }();
 // Which FP8 kernels the by-size rule runs (same bits): moe_wgmma_fp8_wide.cu, or with
-// DSV4_MOE_PREFILL_WS=1-4 a warp-specialised form (moe_wgmma_fp8_ws.cu), as set_moe_wide_tiles(5-8)
-// forces them (bench/NOTES.md step 23).
+// DSV4_MOE_PREFILL_WS=1-6 a warp-specialised form (moe_wgmma_fp8_ws.cu), as set_moe_wide_tiles(5-10)
+// forces them (bench/NOTES.md steps 23-24).
 const int g_prefill_ws = [] {
   const char* env = std::getenv("DSV4_MOE_PREFILL_WS");
-  return env && env[0] >= '1' && env[0] <= '4' && env[1] == 0 ? env[0] - '0' : 0;
+  return env && env[0] >= '1' && env[0] <= '6' && env[1] == 0 ? env[0] - '0' : 0;
 }();
+
+// ws form 1-6: (producer warpgroups, fence in the consumers) = (1, no), (1, yes), (2, no), (2,
+// yes); 5 / 6: one producer warpgroup in clusters of two with the codes by TMA, fence no / yes.
+Fp8TileKernels fp8_tile_kernels(int ws) {
+  if (ws == 0) return fp8_wide_kernels();
+  if (ws >= 5) return fp8_ws_tma_kernels(ws == 6);
+  return fp8_ws_kernels(ws > 2 ? 2 : 1, ws % 2 == 0);
+}
 
 // Wide tiles on wgmma (moe_wgmma.cu) where the device and build have it, unless mode 1 asks
 // for the mma.sync ones.
@@ -442,7 +452,7 @@ struct MoeRunner::Impl {
     bool packed = false;   // weights re-laid by pack_fp4_for_mma: tensor-core path only
   };
   std::map<std::pair<const void*, size_t>, Table> tables;
-  DeviceBuffer slot_pair, tiles, n_tiles, H, G, V, Y, xq, xq8, xsc, hq8, hsc, xb, hb;
+  DeviceBuffer slot_pair, tiles, n_tiles, H, G, V, Y, xq, xq8, xg8, xsc, hq8, hsc, xb, hb;
   bool poison = false;  // set_poison_scratch
 
   Table& table(const ExpertSet& set) {
@@ -485,9 +495,9 @@ void set_moe_decode_tile(int tokens) {
 }
 
 void set_moe_wide_tiles(int mode) {
-  DSV4_CHECK(mode >= -1 && mode <= 8,
+  DSV4_CHECK(mode >= -1 && mode <= 10,
              "set_moe_wide_tiles: -1 (8-token tiles), 0 (by size), 1 (64-token mma.sync tiles), 2 / 3 (64- / "
-             "128-token wgmma tiles), 4-8 (128-token FP8 wgmma tiles; warp-specialised in 5-8)");
+             "128-token wgmma tiles), 4-10 (128-token FP8 wgmma tiles; warp-specialised in 5-10)");
   g_wide_mode = mode;
 }
 
@@ -665,16 +675,22 @@ void MoeRunner::run_impl(const ExpertSet& set, const float* x, int64_t R, const 
     uint8_t *xq = m.xq8.as<uint8_t>(), *hq = m.hq8.as<uint8_t>();
     float *xs = m.xsc.as<float>(), *hs = m.hsc.as<float>();
     act_quant_fp8_wgmma_b(x, R, d, d, xq, d, xs, s);
-    // ws form 1-4: (producer warpgroups, fence in the consumers) = (1, no), (1, yes), (2, no), (2, yes).
-    const Fp8TileKernels k = fp8_ws ? fp8_ws_kernels(fp8_ws > 2 ? 2 : 1, fp8_ws % 2 == 0) : fp8_wide_kernels();
+    const Fp8TileKernels k = fp8_tile_kernels(fp8_ws);
     DSV4_CHECK(wgmma_available() && d % 128 == 0 && I % 128 == 0 && R * d < int64_t{UINT32_MAX} &&
                    pairs * I < int64_t{UINT32_MAX},
                "MoeRunner: FP8 prefill tiles need an sm_90a device and build, d and I multiples of 128 and "
                "activations within 32-bit offsets");
-    launch_fp8_tiles(k.gateup, k, I / 64, max_tiles, s,
-                     Fp8GateUpArgs{tab, tiles, nt, sp, static_cast<int>(K), xq, xs, R, d, I, limit, H});
+    Fp8GateUpArgs gate_up{tab, tiles, nt, sp, static_cast<int>(K), xq, xs, R, d, I, limit, H, {}};
+    Fp8DownArgs down{tab, tiles, nt, sp, hq, hs, pairs, d, I, Y, {}};
+    if (k.slot_codes) {  // the TMA form reads the tokens' codes in slot order, hq as it is
+      grow(m.xg8, pairs * d);
+      gather_slot_rows(xq, d, sp, static_cast<int>(K), pairs, d, m.xg8.as<uint8_t>(), s);
+      gate_up.codes = byte_rows_map_sw128(m.xg8.as<uint8_t>(), d, pairs, 128, kMoeFp8TmaBoxRows);
+      down.codes = byte_rows_map_sw128(hq, I, pairs, 128, kMoeFp8TmaBoxRows);
+    }
+    launch_fp8_tiles(k.gateup, k, I / 64, max_tiles, s, gate_up);
     act_quant_fp8_wgmma_b(H, pairs, I, I, hq, I, hs, s);
-    launch_fp8_tiles(k.down, k, d / 128, max_tiles, s, Fp8DownArgs{tab, tiles, nt, sp, hq, hs, pairs, d, I, Y});
+    launch_fp8_tiles(k.down, k, d / 128, max_tiles, s, down);
     finish(Y);
     return;
   }

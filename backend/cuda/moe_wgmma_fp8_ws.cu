@@ -18,11 +18,18 @@
 // Copies run kAhead blocks ahead of the block being converted, the conversion up to two blocks
 // ahead of the consumers. G = 2 (512 threads) gives the conversion twice the warps to hide its
 // latency; its registers come from the consumers' share by setmaxnreg (the pool is 128 a thread).
+// kTma: the codes are two thirds of every block's copies, and every row slice of a tile re-reads
+// them (bench/NOTES.md step 15, run 13: copying them twice cost 15%). Here two CTAs of one tile
+// (adjacent row slices) form a cluster; thread 0 of each loads half of the block's codes by TMA
+// (slot-ordered rows, the 128-byte swizzle applied by the copy) into both CTAs' stages, which count
+// the bytes on a codes barrier; the consumers release a stage on both CTAs' empty barriers, since
+// the peer's next copy writes into it.
 #include <cuda_runtime.h>
 
 #include <type_traits>
 
 #include "backend/cuda/check.h"
+#include "backend/cuda/cluster.cuh"
 #include "backend/cuda/cp_async.cuh"
 #include "backend/cuda/device.h"
 #include "backend/cuda/mbarrier.cuh"
@@ -66,7 +73,7 @@ struct alignas(1024) Stage {
   uint32_t e[2][kSliceRows][2];
 };
 struct Shared {  // after the stages (the epilogue reuses those)
-  uint64_t full[kStages], empty[kStages];
+  uint64_t full[kStages], empty[kStages], codes[kStages];
   int32_t rows[kTok];
   float row_scale[kRows];
 };
@@ -88,7 +95,8 @@ __device__ __forceinline__ void setmaxnreg_dec() {
 }
 
 // What a producer thread copies and converts: its part h of row lr of slice s (pieces h x kPieces
-// on), the activation codes' offsets of its chunks (token row x ld + 16 c), the tile's rows.
+// on), the activation codes' offsets of its chunks (token row x ld + 16 c), the tile's rows; with
+// TMA the codes' map, the tile's first slot and the CTA's cluster rank instead of the offsets.
 template <int N, int G>
 struct Producer {
   int s, lr, h;
@@ -100,27 +108,41 @@ struct Producer {
   int64_t ldxs;
   const int32_t* rows;
   RowBase rb;
+  const TensorMap* map;
+  int row0;
+  uint32_t rank;
 };
 
-// Block kb into a stage: this thread's share of the codes, one token scale (threads < N), its
-// pieces of the row and the row's E8M0 word; one cp.async group.
-template <int N, int G>
-__device__ __forceinline__ void copy_block(Stage& st, const Producer<N, G>& p, int kb) {
+// Block kb into stage `si`: this thread's share of the codes (with TMA: thread 0 of each CTA
+// loads its half of the boxes into both CTAs), one token scale (threads < N), its pieces of the
+// row and the row's E8M0 word; one cp.async group.
+template <int N, int G, bool kTma>
+__device__ __forceinline__ void copy_block(Stage* st, Shared& sh, const Producer<N, G>& p, int kb, int si) {
   constexpr int P = Roles<G>::kProducers, kPieces = Roles<G>::kPieces;
   const int t0 = threadIdx.x;
+  Stage& stage = st[si];
+  if constexpr (kTma) {
+    if (t0 == 0) {
+      mbar_arrive_expect_tx(&sh.codes[si], N * 128);  // both halves land here
+      for (int b = static_cast<int>(p.rank); b < N / kMoeFp8TmaBoxRows; b += 2)
+        tma_load_2d_multicast(stage.act + b * kMoeFp8TmaBoxRows * 128, p.map, kb * 128,
+                              p.row0 + b * kMoeFp8TmaBoxRows, &sh.codes[si], 0x3);
+    }
+  } else {
 #pragma unroll
-  for (int n = 0; n < N * 8 / P; ++n) {
-    const int i = t0 + P * n, t = i >> 3, c = i & 7;
-    cp_async16(st.act + t * 128 + ((c ^ (t & 7)) << 4), p.xq + kb * 128 + p.off[n]);
+    for (int n = 0; n < N * 8 / P; ++n) {
+      const int i = t0 + P * n, t = i >> 3, c = i & 7;
+      cp_async16(stage.act + t * 128 + ((c ^ (t & 7)) << 4), p.xq + kb * 128 + p.off[n]);
+    }
   }
-  if (t0 < N) cp_async4(&st.xs[t0], p.xs + kb * p.ldxs + p.rows[t0]);
+  if (t0 < N) cp_async4(&stage.xs[t0], p.xs + kb * p.ldxs + p.rows[t0]);
   const uint8_t* w = p.w + static_cast<int64_t>(kb) * kPackedBlockStride;
 #pragma unroll
   for (int k = 0; k < kPieces; ++k) {
     const int i = p.h * kPieces + k;
-    cp_async16(&st.w[p.s][p.lr][raw_piece(p.lr, i)], w + 16 * i);
+    cp_async16(&stage.w[p.s][p.lr][raw_piece(p.lr, i)], w + 16 * i);
   }
-  cp_async4(&st.e[p.s][p.lr][p.h], p.e + kb * 4);
+  cp_async4(&stage.e[p.s][p.lr][p.h], p.e + kb * 4);
   cp_async_commit();
 }
 
@@ -186,13 +208,14 @@ __device__ __forceinline__ void fold(Stage& st, int s, int lr, int h, const RowB
 }
 
 // The producers: every block's copies (kAhead ahead) and this thread's conversion, then the full
-// barrier's arrival. A stage is refilled once both consumers released the block it held. The
-// row's exponent base is found while the first copies are in flight.
-template <int N, int G, bool kConsumerFence>
+// barrier's arrival. A stage is refilled once both consumers released the block it held (with TMA:
+// the consumers of both CTAs, whose stages the copy writes). The row's exponent base is found
+// while the first copies are in flight.
+template <int N, int G, bool kConsumerFence, bool kTma>
 __device__ __forceinline__ void produce(Stage* st, Shared& sh, Producer<N, G>& p, int64_t sc, int nkb) {
   for (int b = 0; b < kAhead; ++b) {
     if (b < nkb)
-      copy_block<N, G>(st[b], p, b);
+      copy_block<N, G, kTma>(st, sh, p, b, b);
     else
       cp_async_commit();
   }
@@ -201,8 +224,13 @@ __device__ __forceinline__ void produce(Stage* st, Shared& sh, Producer<N, G>& p
   for (int kb = 0; kb < nkb; ++kb) {
     const int nb = kb + kAhead;
     if (nb < nkb) {
-      if (nb >= kStages) mbar_wait(&sh.empty[nb % kStages], ((nb / kStages) & 1) ^ 1);
-      copy_block<N, G>(st[nb % kStages], p, nb);
+      if (nb >= kStages) {
+        if constexpr (kTma)
+          mbar_wait_cluster(&sh.empty[nb % kStages], ((nb / kStages) & 1) ^ 1);
+        else
+          mbar_wait(&sh.empty[nb % kStages], ((nb / kStages) & 1) ^ 1);
+      }
+      copy_block<N, G, kTma>(st, sh, p, nb, nb % kStages);
     } else {
       cp_async_commit();
     }
@@ -232,7 +260,7 @@ __device__ __forceinline__ void block_product(float (&c)[N / 2], const Stage& st
 
 // A consumer warpgroup: acc = slice · the tile's first N tokens over all blocks, each block's
 // sums promoted with the columns' activation scales.
-template <int N, bool kConsumerFence>
+template <int N, bool kConsumerFence, bool kTma>
 __device__ __forceinline__ void consume(Stage* st, Shared& sh, int slice, int nkb, float (&acc)[N / 2]) {
   float c[N / 2];
 #pragma unroll
@@ -240,11 +268,19 @@ __device__ __forceinline__ void consume(Stage* st, Shared& sh, int slice, int nk
   for (int kb = 0; kb < nkb; ++kb) {
     const int s = kb % kStages;
     mbar_wait(&sh.full[s], (kb / kStages) & 1);
+    if constexpr (kTma) mbar_wait(&sh.codes[s], (kb / kStages) & 1);  // both halves of the codes
     if constexpr (kConsumerFence) fence_proxy_async_smem();  // what the producers wrote, to the wgmmas
     block_product<N>(c, st[s], slice);
     promote<N>(c, st[s].xs, acc);
     __syncwarp();
-    if ((threadIdx.x & 31) == 0) mbar_arrive(&sh.empty[s]);
+    if ((threadIdx.x & 31) == 0) {
+      if constexpr (kTma) {
+        mbar_arrive_cluster(&sh.empty[s], 0);
+        mbar_arrive_cluster(&sh.empty[s], 1);
+      } else {
+        mbar_arrive(&sh.empty[s]);
+      }
+    }
   }
 }
 
@@ -253,10 +289,13 @@ __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;
 
 // The CTA's 128 rows x N tokens into the epilogue's [row][kExPitch] floats (row 64 s + r: slice
 // s), scaled; in: K. Returns whether this thread stores the epilogue (the consumers: the
-// producers leave once their blocks are out).
-template <int N, int G, bool kConsumerFence>
+// producers leave once their blocks are out; with TMA once the cluster barrier, which every
+// thread arrives at when done with the other CTA, shows both CTAs past their loops, and the
+// consumers wait for it before they leave).
+template <int N, int G, bool kConsumerFence, bool kTma>
 __device__ __forceinline__ bool tile_product(unsigned char* smem, Shared& sh, const CtaSlices& cs, const uint8_t* xq,
-                                             const float* xs, int64_t ldxs, int64_t in, float* ex) {
+                                             const float* xs, int64_t ldxs, int64_t in, float* ex,
+                                             const TensorMap* map, int row0) {
   using R = Roles<G>;
   Stage* st = reinterpret_cast<Stage*>(smem);
   const int nkb = static_cast<int>(in / 128);
@@ -273,19 +312,30 @@ __device__ __forceinline__ bool tile_product(unsigned char* smem, Shared& sh, co
     p.xs = xs;
     p.ldxs = ldxs;
     p.rows = sh.rows;
+    p.map = map;
+    p.row0 = row0;
+    if constexpr (kTma) {
+      p.rank = cluster_rank();
+    } else {
 #pragma unroll
-    for (int n = 0; n < N * 8 / R::kProducers; ++n) {
-      const int i = threadIdx.x + R::kProducers * n;
-      p.off[n] = static_cast<uint32_t>(sh.rows[i >> 3] * in + 16 * (i & 7));
+      for (int n = 0; n < N * 8 / R::kProducers; ++n) {
+        const int i = threadIdx.x + R::kProducers * n;
+        p.off[n] = static_cast<uint32_t>(sh.rows[i >> 3] * in + 16 * (i & 7));
+      }
     }
     pdl_wait();
-    produce<N, G, kConsumerFence>(st, sh, p, cs.sc, nkb);
+    produce<N, G, kConsumerFence, kTma>(st, sh, p, cs.sc, nkb);
+    if constexpr (kTma) {
+      cluster_arrive();
+      cluster_wait();
+    }
     return false;
   }
   if constexpr (G > 1) setmaxnreg_inc<R::kConsumerRegs>();
   const int ct = threadIdx.x - R::kProducers, slice = ct >> 7, wt = ct & 127;
   float acc[N / 2];
-  consume<N, kConsumerFence>(st, sh, slice, nkb, acc);
+  consume<N, kConsumerFence, kTma>(st, sh, slice, nkb, acc);
+  if constexpr (kTma) cluster_arrive();  // done with the peer's barriers
   consumers_sync();  // every block consumed (so every copy and conversion landed): the stages are free
   const int r = 16 * (wt >> 5) + ((wt & 31) >> 2);
   stash_rows<N>(acc, sh.row_scale[64 * slice + r], sh.row_scale[64 * slice + r + 8], 64 * slice, wt, ex, kExPitch);
@@ -294,62 +344,108 @@ __device__ __forceinline__ bool tile_product(unsigned char* smem, Shared& sh, co
 }
 
 // Shared state before the roles split: the tile's rows (row_of(t) for t < count, column 0's
-// past it) and the barriers. Returns the shared block.
-template <int G, class RowOf>
+// past it) and the barriers (with TMA initialised for the cluster before either CTA uses the
+// other's). Returns the shared block.
+template <int G, bool kTma, class RowOf>
 __device__ __forceinline__ Shared& setup(unsigned char* smem, int count, RowOf row_of) {
   Shared& sh = *reinterpret_cast<Shared*>(smem + kStages * sizeof(Stage));
   if (threadIdx.x < kTok) sh.rows[threadIdx.x] = row_of(threadIdx.x < count ? threadIdx.x : 0);
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       mbar_init(&sh.full[s], Roles<G>::kProducers);
-      mbar_init(&sh.empty[s], kConsumerWarps);
+      mbar_init(&sh.empty[s], kTma ? 2 * kConsumerWarps : kConsumerWarps);
+      mbar_init(&sh.codes[s], 1);
     }
     mbar_init_fence();
   }
-  __syncthreads();
+  if constexpr (kTma) {
+    cluster_arrive();
+    cluster_wait();
+  } else {
+    __syncthreads();
+  }
   return sh;
 }
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-// One tile's gate/up (Args = Fp8GateUpArgs) or down (Fp8DownArgs), G producer warpgroups.
-template <int G, bool kConsumerFence, class Args>
-__global__ void __launch_bounds__(Roles<G>::kThreads, 1) fp8_ws_kernel(const Args a) {
+// One tile's gate/up (Args = Fp8GateUpArgs) or down (Fp8DownArgs), G producer warpgroups; kTma:
+// in clusters of two CTAs, the codes through a.codes (__grid_constant__: the TMA reads the map
+// from the parameter space).
+template <int G, bool kConsumerFence, bool kTma, class Args>
+__global__ void __launch_bounds__(Roles<G>::kThreads, 1) fp8_ws_kernel(const __grid_constant__ Args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr bool kGateUp = std::is_same_v<Args, Fp8GateUpArgs>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* smem = align_1024(smem_raw);
   MoeTile t;
-  if (!cta_tile(a, t)) return;
-  Shared& sh = setup<G>(smem, t.count, [&](int c) { return act_row(a, t, c); });
+  if (!cta_tile(a, t)) return;  // both CTAs of a cluster hold the same tile
+  Shared& sh = setup<G, kTma>(smem, t.count, [&](int c) { return act_row(a, t, c); });
   float* ex = reinterpret_cast<float*>(smem);
+  bool stores;
   if constexpr (kGateUp) {
     const CtaSlices cs = gateup_slices(a.tab, t.expert);
-    const bool stores = t.count <= 64 ? tile_product<64, G, kConsumerFence>(smem, sh, cs, a.xq, a.xs, a.ldxs, a.d, ex)
-                                      : tile_product<128, G, kConsumerFence>(smem, sh, cs, a.xq, a.xs, a.ldxs, a.d, ex);
+    stores = t.count <= 64
+                 ? tile_product<64, G, kConsumerFence, kTma>(smem, sh, cs, a.xq, a.xs, a.ldxs, a.d, ex, &a.codes, t.start)
+                 : tile_product<128, G, kConsumerFence, kTma>(smem, sh, cs, a.xq, a.xs, a.ldxs, a.d, ex, &a.codes,
+                                                              t.start);
     if (stores) store_h(ex, kExPitch, t, cs.r0, a.I, a.limit, a.H, threadIdx.x - Roles<G>::kProducers, kConsumers);
   } else {
     const CtaSlices cs = down_slices(a.tab, t.expert);
-    const bool stores = t.count <= 64 ? tile_product<64, G, kConsumerFence>(smem, sh, cs, a.hq, a.hs, a.ldhs, a.I, ex)
-                                      : tile_product<128, G, kConsumerFence>(smem, sh, cs, a.hq, a.hs, a.ldhs, a.I, ex);
+    stores = t.count <= 64
+                 ? tile_product<64, G, kConsumerFence, kTma>(smem, sh, cs, a.hq, a.hs, a.ldhs, a.I, ex, &a.codes, t.start)
+                 : tile_product<128, G, kConsumerFence, kTma>(smem, sh, cs, a.hq, a.hs, a.ldhs, a.I, ex, &a.codes,
+                                                              t.start);
     if (stores)
       store_y(ex, kExPitch, t, a.slot_pair, cs.r0, a.d, a.Y, threadIdx.x - Roles<G>::kProducers, kConsumers);
   }
+  if constexpr (kTma)
+    if (stores) cluster_wait();  // the peer is past its loops: nothing of it touches this CTA any more
 #endif
 }
 
-template <int G, bool kConsumerFence>
+template <int G, bool kConsumerFence, bool kTma>
 Fp8TileKernels ws_kernels() {
-  return {fp8_ws_kernel<G, kConsumerFence, Fp8GateUpArgs>, fp8_ws_kernel<G, kConsumerFence, Fp8DownArgs>,
-          Roles<G>::kThreads, kSmem};
+  Fp8TileKernels k{fp8_ws_kernel<G, kConsumerFence, kTma, Fp8GateUpArgs>,
+                   fp8_ws_kernel<G, kConsumerFence, kTma, Fp8DownArgs>, Roles<G>::kThreads, kSmem};
+  k.cluster = kTma ? 2 : 1;
+  k.slot_codes = kTma;
+  return k;
+}
+
+// One warp per slot: the row of its token, 16 bytes a lane.
+__global__ void gather_slot_rows_kernel(const uint8_t* __restrict__ src, int64_t ld,
+                                        const int32_t* __restrict__ slot_pair, int K, int64_t slots, int64_t bytes,
+                                        uint8_t* __restrict__ dst) {
+  const int64_t slot = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  if (slot >= slots) return;
+  const uint4* in = reinterpret_cast<const uint4*>(src + static_cast<int64_t>(slot_pair[slot] / K) * ld);
+  uint4* out = reinterpret_cast<uint4*>(dst + slot * bytes);
+  for (int64_t i = threadIdx.x & 31; i < bytes / 16; i += 32) out[i] = __ldg(in + i);
 }
 
 }  // namespace
 
 Fp8TileKernels fp8_ws_kernels(int producer_groups, bool consumer_fence) {
   DSV4_CHECK(producer_groups == 1 || producer_groups == 2, "fp8_ws_kernels: 1 or 2 producer warpgroups");
-  if (producer_groups == 2) return consumer_fence ? ws_kernels<2, true>() : ws_kernels<2, false>();
-  return consumer_fence ? ws_kernels<1, true>() : ws_kernels<1, false>();
+  if (producer_groups == 2) return consumer_fence ? ws_kernels<2, true, false>() : ws_kernels<2, false, false>();
+  return consumer_fence ? ws_kernels<1, true, false>() : ws_kernels<1, false, false>();
+}
+
+Fp8TileKernels fp8_ws_tma_kernels(bool consumer_fence) {
+  return consumer_fence ? ws_kernels<1, true, true>() : ws_kernels<1, false, true>();
+}
+
+void gather_slot_rows(const uint8_t* src, int64_t ld, const int32_t* slot_pair, int K, int64_t slots, int64_t bytes,
+                      uint8_t* dst, cudaStream_t s) {
+  DSV4_CHECK(bytes % 16 == 0 && ld % 16 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0 &&
+                 reinterpret_cast<uintptr_t>(dst) % 16 == 0,
+             "gather_slot_rows: rows of 16-byte multiples, 16-byte aligned");
+  if (slots == 0) return;
+  constexpr int kThreads = 256;
+  gather_slot_rows_kernel<<<static_cast<unsigned>((slots * 32 + kThreads - 1) / kThreads), kThreads, 0, s>>>(
+      src, ld, slot_pair, K, slots, bytes, dst);
+  DSV4_CUDA_LAUNCH_CHECK();
 }
 
 }  // namespace dsv4::cuda::detail

@@ -603,5 +603,14 @@ TEST(CudaMoe, Fp8WarpSpecialisedTwoProducersMatchWide) {
   expect_ws_matches_wide({7, 8});
 }
 
+// Clusters of two CTAs per tile sharing the codes by TMA multicast (gate/up's gathered into slot
+// order first; rows of the last tile past the slots arrive as zeros), both fence places. Every
+// case's grids have an even number of row slices.
+TEST(CudaMoe, Fp8WarpSpecialisedClusterTmaMatchesWide) {
+  DSV4_REQUIRE_GPU();
+  if (!cuda::moe_wgmma_available()) GTEST_SKIP() << "wgmma expert tiles need an sm_90 device and an arch-90a build";
+  expect_ws_matches_wide({9, 10});
+}
+
 }  // namespace
 }  // namespace dsv4::test
