@@ -109,9 +109,12 @@ TEST(server_generation, BatchedAndPreemptedRunsMatchSoloRuns) {
   tight.kv_memory_bytes = costs.bytes_at(need) * 5 / 2;
   tight.max_model_len = need;
   Engine e(be, tight);
-  e.start();
+  // Every request queued before the engine starts: its first schedule sees them all, so the
+  // budget forces preemption however the test's thread and the engine's are scheduled (with the
+  // engine running first, a loaded CI machine could finish early requests before later ones came).
   std::vector<std::unique_ptr<Generation>> gens;
   for (const auto& p : plans) gens.push_back(std::make_unique<Generation>(e, tok(), p, TokenMap{static_cast<int64_t>(tok().vocab_size())}, nullptr));
+  e.start();
   for (size_t i = 0; i < gens.size(); ++i) {
     ResponseBuilder b(true, "tiny");
     std::vector<OutputDelta> d;
