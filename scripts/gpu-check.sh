@@ -334,6 +334,15 @@ if [[ "$MODE" == moe-ncu ]]; then
   save
 fi
 
+if [[ "$MODE" == moe-ws || "$MODE" == moe-profile ]]; then
+  # The fixed cost of a dependent hop (graph chain, PDL chain) against a persistent kernel's grid
+  # barrier: what the batch-1 chain's ~17 hops a layer cost, in seconds of runtime (first: it takes
+  # seconds).
+  timeout 60 "$BUILD/bench/bench_hops" >"$LOG/bench_hops.log" 2>&1
+  summary+=("bench_hops: rc=$? $(grep -E 'per hop|not co-resident' "$LOG/bench_hops.log" | tr -s ' ' | tr '\n' ';')")
+  save
+fi
+
 if [[ "$MODE" == moe-ws ]]; then
   # The warp-specialised FP8 prefill expert kernels (set_moe_wide_tiles 5-10, DSV4_MOE_PREFILL_WS
   # 1-6: one or two producer warpgroups, the proxy fence in the producers or the consumers, and
@@ -393,14 +402,6 @@ if [[ "$MODE" == moe-ws ]]; then
       save
     done
   fi
-fi
-
-if [[ "$MODE" == moe-ws || "$MODE" == moe-profile ]]; then
-  # The fixed cost of a dependent hop (graph chain, PDL chain) against a persistent kernel's grid
-  # barrier: what the batch-1 chain's ~17 hops a layer cost, in seconds of runtime.
-  timeout 60 "$BUILD/bench/bench_hops" >"$LOG/bench_hops.log" 2>&1
-  summary+=("bench_hops: rc=$? $(grep -E 'per hop|not co-resident' "$LOG/bench_hops.log" | tr -s ' ' | tr '\n' ';')")
-  save
 fi
 
 if [[ "$MODE" == moe-profile ]]; then
