@@ -675,7 +675,12 @@ void MoeRunner::run_impl(const ExpertSet& set, const float* x, int64_t R, const 
     uint8_t *xq = m.xq8.as<uint8_t>(), *hq = m.hq8.as<uint8_t>();
     float *xs = m.xsc.as<float>(), *hs = m.hsc.as<float>();
     act_quant_fp8_wgmma_b(x, R, d, d, xq, d, xs, s);
-    const Fp8TileKernels k = fp8_tile_kernels(fp8_ws);
+    // The clustered forms pair adjacent row slices: by size, shapes with an odd count of them
+    // take the wide kernels (same bits); forced, an error names the shape.
+    const bool odd_slices = (I / 64) % 2 != 0 || (d / 128) % 2 != 0;
+    DSV4_CHECK(fp8_ws < 5 || !odd_slices || g_wide_mode == 0, "MoeRunner: set_moe_wide_tiles(", g_wide_mode,
+               ") pairs row slices in clusters: needs I / 64 and d / 128 even (I = ", I, ", d = ", d, ")");
+    const Fp8TileKernels k = fp8_tile_kernels(fp8_ws >= 5 && odd_slices ? 0 : fp8_ws);
     DSV4_CHECK(wgmma_available() && d % 128 == 0 && I % 128 == 0 && R * d < int64_t{UINT32_MAX} &&
                    pairs * I < int64_t{UINT32_MAX},
                "MoeRunner: FP8 prefill tiles need an sm_90a device and build, d and I multiples of 128 and "
