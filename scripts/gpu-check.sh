@@ -356,7 +356,7 @@ if [[ "$MODE" == moe-ws ]]; then
   rc=$?
   summary+=("cuda_moe_test Fp8/Wgmma: rc=$rc $(grep -E 'PASSED|FAILED' "$LOG/moe-ws-test.log" | tr -s ' ' | tr '\n' ';')")
   grep -E "differ from" "$LOG/moe-ws-test.log" | grep -v " 0 of " | head -5 >>"$LOG/summary-failures.log"
-  skip=""; skip_tests=""
+  skip="${WS_BENCH_SKIP:-}"; skip_tests=""  # WS_BENCH_SKIP=a,b: bench variants left out anyway
   for t in TwoProducers:ws2 ClusterTma:tma; do
     timeout 60 "$BUILD/tests/cuda/cuda_moe_test" --gtest_filter="*${t%%:*}*" >"$LOG/moe-ws-${t##*:}-test.log" 2>&1
     rct=$?
