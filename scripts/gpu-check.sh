@@ -344,9 +344,9 @@ if [[ "$MODE" == moe-ws || "$MODE" == moe-profile ]]; then
 fi
 
 if [[ "$MODE" == moe-ws ]]; then
-  # The warp-specialised FP8 prefill expert kernels (set_moe_wide_tiles 5-10, DSV4_MOE_PREFILL_WS
-  # 1-6: one or two producer warpgroups, the proxy fence in the producers or the consumers, and
-  # the clusters sharing codes by TMA) against the wide ones: the bitwise tests (the two-producer
+  # The warp-specialised FP8 prefill expert kernels (set_moe_wide_tiles 5-12, DSV4_MOE_PREFILL_WS
+  # 1-8: one or two producer warpgroups, the proxy fence in the producers or the consumers, and
+  # the clusters of 2 or 4 sharing codes by TMA) against the wide ones: the bitwise tests (the two-producer
   # and cluster forms each alone under a short limit: a wrong register split or barrier count
   # hangs), bench_linear moe at MOE_WS_TOKENS (default 2048,4096,8192) for the FP8 variants that
   # passed, WS_NCU=1: ncu of the gate/up of each variant in WS_NCU_VARIANTS, then e2e prefill 8192
@@ -391,7 +391,7 @@ if [[ "$MODE" == moe-ws ]]; then
     # e2e sides (after the default): the forms that passed, the default between them, alternating.
     ws_sides="DSV4_MOE_PREFILL_WS=2;DSV4_MOE_PREFILL_WS=1;"
     [[ ",$skip," == *",ws2,"* ]] || ws_sides="$ws_sides;DSV4_MOE_PREFILL_WS=4"
-    [[ ",$skip," == *",tma,"* ]] || ws_sides="DSV4_MOE_PREFILL_WS=6;DSV4_MOE_PREFILL_WS=5;;$ws_sides;DSV4_MOE_PREFILL_WS=6"
+    [[ ",$skip," == *",tma,"* ]] || ws_sides="DSV4_MOE_PREFILL_WS=6;DSV4_MOE_PREFILL_WS=8;DSV4_MOE_PREFILL_WS=5;;$ws_sides;DSV4_MOE_PREFILL_WS=6;DSV4_MOE_PREFILL_WS=8"
     E2E_BATCHES="${E2E_BATCHES:-1}" E2E_PREFILL="${E2E_PREFILL:-8192}" E2E_AB="${WS_E2E_AB:-$ws_sides}"
     [[ "${WS_E2E:-1}" == 1 ]] && e2e_ab
     E2E_AB=""

@@ -371,20 +371,24 @@ const bool g_prefill_fp8 = [] {
   return !(env && env[0] == '0');
 }();
 // Which FP8 kernels the by-size rule runs (same bits): moe_wgmma_fp8_wide.cu, or with
-// DSV4_MOE_PREFILL_WS=1-6 a warp-specialised form (moe_wgmma_fp8_ws.cu), as set_moe_wide_tiles(5-10)
+// DSV4_MOE_PREFILL_WS=1-8 a warp-specialised form (moe_wgmma_fp8_ws.cu), as set_moe_wide_tiles(5-12)
 // forces them (bench/NOTES.md steps 23-24).
 const int g_prefill_ws = [] {
   const char* env = std::getenv("DSV4_MOE_PREFILL_WS");
-  return env && env[0] >= '1' && env[0] <= '6' && env[1] == 0 ? env[0] - '0' : 0;
+  return env && env[0] >= '1' && env[0] <= '8' && env[1] == 0 ? env[0] - '0' : 0;
 }();
 
-// ws form 1-6: (producer warpgroups, fence in the consumers) = (1, no), (1, yes), (2, no), (2,
-// yes); 5 / 6: one producer warpgroup in clusters of two with the codes by TMA, fence no / yes.
+// ws form 1-8: (producer warpgroups, fence in the consumers) = (1, no), (1, yes), (2, no), (2,
+// yes); 5 / 6 and 7 / 8: one producer warpgroup in clusters of 2 and 4 sharing the codes by TMA,
+// fence no / yes.
 Fp8TileKernels fp8_tile_kernels(int ws) {
   if (ws == 0) return fp8_wide_kernels();
-  if (ws >= 5) return fp8_ws_tma_kernels(ws == 6);
+  if (ws >= 5) return fp8_ws_tma_kernels(ws >= 7 ? 4 : 2, ws % 2 == 0);
   return fp8_ws_kernels(ws > 2 ? 2 : 1, ws % 2 == 0);
 }
+
+// CTAs per cluster of ws form `ws` (1: none).
+int fp8_form_cluster(int ws) { return ws >= 7 ? 4 : ws >= 5 ? 2 : 1; }
 
 // Wide tiles on wgmma (moe_wgmma.cu) where the device and build have it, unless mode 1 asks
 // for the mma.sync ones.
@@ -495,9 +499,9 @@ void set_moe_decode_tile(int tokens) {
 }
 
 void set_moe_wide_tiles(int mode) {
-  DSV4_CHECK(mode >= -1 && mode <= 10,
+  DSV4_CHECK(mode >= -1 && mode <= 12,
              "set_moe_wide_tiles: -1 (8-token tiles), 0 (by size), 1 (64-token mma.sync tiles), 2 / 3 (64- / "
-             "128-token wgmma tiles), 4-10 (128-token FP8 wgmma tiles; warp-specialised in 5-10)");
+             "128-token wgmma tiles), 4-12 (128-token FP8 wgmma tiles; warp-specialised in 5-12)");
   g_wide_mode = mode;
 }
 
@@ -675,12 +679,13 @@ void MoeRunner::run_impl(const ExpertSet& set, const float* x, int64_t R, const 
     uint8_t *xq = m.xq8.as<uint8_t>(), *hq = m.hq8.as<uint8_t>();
     float *xs = m.xsc.as<float>(), *hs = m.hsc.as<float>();
     act_quant_fp8_wgmma_b(x, R, d, d, xq, d, xs, s);
-    // The clustered forms pair adjacent row slices: by size, shapes with an odd count of them
-    // take the wide kernels (same bits); forced, an error names the shape.
-    const bool odd_slices = (I / 64) % 2 != 0 || (d / 128) % 2 != 0;
-    DSV4_CHECK(fp8_ws < 5 || !odd_slices || g_wide_mode == 0, "MoeRunner: set_moe_wide_tiles(", g_wide_mode,
-               ") pairs row slices in clusters: needs I / 64 and d / 128 even (I = ", I, ", d = ", d, ")");
-    const Fp8TileKernels k = fp8_tile_kernels(fp8_ws >= 5 && odd_slices ? 0 : fp8_ws);
+    // The clustered forms group adjacent row slices: by size, shapes whose slice counts the
+    // cluster does not divide take the wide kernels (same bits); forced, an error names the shape.
+    const int cl = fp8_form_cluster(fp8_ws);
+    const bool uneven = (I / 64) % cl != 0 || (d / 128) % cl != 0;
+    DSV4_CHECK(!uneven || g_wide_mode == 0, "MoeRunner: set_moe_wide_tiles(", g_wide_mode, ") groups row slices in "
+               "clusters of ", cl, ": needs I / 64 and d / 128 multiples of it (I = ", I, ", d = ", d, ")");
+    const Fp8TileKernels k = fp8_tile_kernels(uneven ? 0 : fp8_ws);
     DSV4_CHECK(wgmma_available() && d % 128 == 0 && I % 128 == 0 && R * d < int64_t{UINT32_MAX} &&
                    pairs * I < int64_t{UINT32_MAX},
                "MoeRunner: FP8 prefill tiles need an sm_90a device and build, d and I multiples of 128 and "

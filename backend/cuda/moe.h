@@ -29,10 +29,11 @@ void set_moe_mma_variant(int row_blocks, int ctas_per_sm);
 // of kMoeWgmmaMinTokens (wgmma) / kMoeWideMinTokens tokens per expert, 8-token tiles below), -1 =
 // always 8, 1 = always 64 on mma.sync (moe_mma_wide.cu: the 8-token kernels' bits), 2 / 3 =
 // always 64 / 128 on bf16 wgmma (moe_wgmma.cu, an error where unavailable), 4 = always 128 on FP8
-// wgmma (moe_wgmma_fp8_wide.cu), 5-10 = the same bits from the warp-specialised kernels
+// wgmma (moe_wgmma_fp8_wide.cu), 5-12 = the same bits from the warp-specialised kernels
 // (moe_wgmma_fp8_ws.cu: 5 / 6 one producer warpgroup, 7 / 8 two; 6 / 8 with the generic-to-async
-// proxy fence in the consumers; 9 / 10 as 5 / 6 in clusters of two CTAs that share each tile's
-// codes by TMA multicast; by size with DSV4_MOE_PREFILL_WS=1-6). By size, wide tiles run on wgmma where the device (sm_90) and
+// proxy fence in the consumers; 9 / 10 and 11 / 12 as 5 / 6 in clusters of 2 and 4 CTAs that share
+// each tile's codes by TMA multicast, an error where I / 64 or d / 128 is not a multiple of the
+// cluster; by size with DSV4_MOE_PREFILL_WS=1-8). By size, wide tiles run on wgmma where the device (sm_90) and
 // build (arch 90a) have it: 64 tokens on bf16 (same products, fp32 sums in another order), from an
 // average of kMoeWgmma128MinTokens 128 tokens on FP8 (the group scales folded into the e4m3
 // weights, h re-quantised to FP8 as the official W4A8; DSV4_MOE_PREFILL_FP8=0: bf16).

@@ -136,11 +136,11 @@ Fp8TileKernels fp8_wide_kernels();
 // to their wgmmas after their wait, instead of the producers before their arrival (whose fence may
 // also wait on their copies still in flight; bench/NOTES.md step 23).
 Fp8TileKernels fp8_ws_kernels(int producer_groups, bool consumer_fence);
-// The warp-specialised kernels (one producer warpgroup) in clusters of two CTAs on the same tile
-// (adjacent row slices): the tile's activation codes arrive by TMA, each CTA reading half of every
-// block and multicasting it into both, so each code byte leaves L2 once per two CTAs instead of
-// once per CTA (bench/NOTES.md step 24). Same bits as the other sets.
-Fp8TileKernels fp8_ws_tma_kernels(bool consumer_fence);
+// The warp-specialised kernels (one producer warpgroup) in clusters of `cluster` = 2 or 4 CTAs on
+// the same tile (adjacent row slices): the tile's activation codes arrive by TMA, each CTA reading
+// its share of every block and multicasting it into all, so each code byte leaves L2 once per
+// cluster instead of once per CTA (bench/NOTES.md step 24). Same bits as the other sets.
+Fp8TileKernels fp8_ws_tma_kernels(int cluster, bool consumer_fence);
 // dst[slot] = src[slot_pair[slot] / K], `bytes` of each row (ld: src's row pitch; dst's is bytes;
 // bytes % 16 == 0, both 16-byte aligned): the tokens' codes in slot order for a tensor map.
 void gather_slot_rows(const uint8_t* src, int64_t ld, const int32_t* slot_pair, int K, int64_t slots, int64_t bytes,

@@ -18,12 +18,12 @@
 // Copies run kAhead blocks ahead of the block being converted, the conversion up to two blocks
 // ahead of the consumers. G = 2 (512 threads) gives the conversion twice the warps to hide its
 // latency; its registers come from the consumers' share by setmaxnreg (the pool is 128 a thread).
-// kTma: the codes are two thirds of every block's copies, and every row slice of a tile re-reads
-// them (bench/NOTES.md step 15, run 13: copying them twice cost 15%). Here two CTAs of one tile
-// (adjacent row slices) form a cluster; thread 0 of each loads half of the block's codes by TMA
-// (slot-ordered rows, the 128-byte swizzle applied by the copy) into both CTAs' stages, which count
-// the bytes on a codes barrier; the consumers release a stage on both CTAs' empty barriers, since
-// the peer's next copy writes into it.
+// C > 1: the codes are two thirds of every block's copies, and every row slice of a tile re-reads
+// them (bench/NOTES.md step 15, run 13: copying them twice cost 15%). Here C CTAs of one tile
+// (adjacent row slices) form a cluster; thread 0 of each loads its share of the block's codes by
+// TMA (slot-ordered rows, the 128-byte swizzle applied by the copy) into all C CTAs' stages, which
+// count the bytes on a codes barrier; the consumers release a stage on every CTA's empty barrier,
+// since the others' next copies write into it.
 #include <cuda_runtime.h>
 
 #include <type_traits>
@@ -114,19 +114,19 @@ struct Producer {
 };
 
 // Block kb into stage `si`: this thread's share of the codes (with TMA: thread 0 of each CTA
-// loads its half of the boxes into both CTAs), one token scale (threads < N), its pieces of the
+// loads its share of the boxes into all C CTAs of the cluster), one token scale (threads < N), its pieces of the
 // row and the row's E8M0 word; one cp.async group.
-template <int N, int G, bool kTma>
+template <int N, int G, int C>
 __device__ __forceinline__ void copy_block(Stage* st, Shared& sh, const Producer<N, G>& p, int kb, int si) {
   constexpr int P = Roles<G>::kProducers, kPieces = Roles<G>::kPieces;
   const int t0 = threadIdx.x;
   Stage& stage = st[si];
-  if constexpr (kTma) {
+  if constexpr (C > 1) {
     if (t0 == 0) {
-      mbar_arrive_expect_tx(&sh.codes[si], N * 128);  // both halves land here
-      for (int b = static_cast<int>(p.rank); b < N / kMoeFp8TmaBoxRows; b += 2)
+      mbar_arrive_expect_tx(&sh.codes[si], N * 128);  // every CTA's share lands here
+      for (int b = static_cast<int>(p.rank); b < N / kMoeFp8TmaBoxRows; b += C)
         tma_load_2d_multicast(stage.act + b * kMoeFp8TmaBoxRows * 128, p.map, kb * 128,
-                              p.row0 + b * kMoeFp8TmaBoxRows, &sh.codes[si], 0x3);
+                              p.row0 + b * kMoeFp8TmaBoxRows, &sh.codes[si], static_cast<uint16_t>((1u << C) - 1u));
     }
   } else {
 #pragma unroll
@@ -209,13 +209,13 @@ __device__ __forceinline__ void fold(Stage& st, int s, int lr, int h, const RowB
 
 // The producers: every block's copies (kAhead ahead) and this thread's conversion, then the full
 // barrier's arrival. A stage is refilled once both consumers released the block it held (with TMA:
-// the consumers of both CTAs, whose stages the copy writes). The row's exponent base is found
+// the consumers of all C CTAs, whose stages the copy writes). The row's exponent base is found
 // while the first copies are in flight.
-template <int N, int G, bool kConsumerFence, bool kTma>
+template <int N, int G, bool kConsumerFence, int C>
 __device__ __forceinline__ void produce(Stage* st, Shared& sh, Producer<N, G>& p, int64_t sc, int nkb) {
   for (int b = 0; b < kAhead; ++b) {
     if (b < nkb)
-      copy_block<N, G, kTma>(st, sh, p, b, b);
+      copy_block<N, G, C>(st, sh, p, b, b);
     else
       cp_async_commit();
   }
@@ -225,12 +225,12 @@ __device__ __forceinline__ void produce(Stage* st, Shared& sh, Producer<N, G>& p
     const int nb = kb + kAhead;
     if (nb < nkb) {
       if (nb >= kStages) {
-        if constexpr (kTma)
+        if constexpr (C > 1)
           mbar_wait_cluster(&sh.empty[nb % kStages], ((nb / kStages) & 1) ^ 1);
         else
           mbar_wait(&sh.empty[nb % kStages], ((nb / kStages) & 1) ^ 1);
       }
-      copy_block<N, G, kTma>(st, sh, p, nb, nb % kStages);
+      copy_block<N, G, C>(st, sh, p, nb, nb % kStages);
     } else {
       cp_async_commit();
     }
@@ -260,7 +260,7 @@ __device__ __forceinline__ void block_product(float (&c)[N / 2], const Stage& st
 
 // A consumer warpgroup: acc = slice · the tile's first N tokens over all blocks, each block's
 // sums promoted with the columns' activation scales.
-template <int N, bool kConsumerFence, bool kTma>
+template <int N, bool kConsumerFence, int C>
 __device__ __forceinline__ void consume(Stage* st, Shared& sh, int slice, int nkb, float (&acc)[N / 2]) {
   float c[N / 2];
 #pragma unroll
@@ -268,15 +268,15 @@ __device__ __forceinline__ void consume(Stage* st, Shared& sh, int slice, int nk
   for (int kb = 0; kb < nkb; ++kb) {
     const int s = kb % kStages;
     mbar_wait(&sh.full[s], (kb / kStages) & 1);
-    if constexpr (kTma) mbar_wait(&sh.codes[s], (kb / kStages) & 1);  // both halves of the codes
+    if constexpr (C > 1) mbar_wait(&sh.codes[s], (kb / kStages) & 1);  // every share of the codes
     if constexpr (kConsumerFence) fence_proxy_async_smem();  // what the producers wrote, to the wgmmas
     block_product<N>(c, st[s], slice);
     promote<N>(c, st[s].xs, acc);
     __syncwarp();
     if ((threadIdx.x & 31) == 0) {
-      if constexpr (kTma) {
-        mbar_arrive_cluster(&sh.empty[s], 0);
-        mbar_arrive_cluster(&sh.empty[s], 1);
+      if constexpr (C > 1) {
+#pragma unroll
+        for (int r = 0; r < C; ++r) mbar_arrive_cluster(&sh.empty[s], static_cast<uint32_t>(r));
       } else {
         mbar_arrive(&sh.empty[s]);
       }
@@ -290,9 +290,9 @@ __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;
 // The CTA's 128 rows x N tokens into the epilogue's [row][kExPitch] floats (row 64 s + r: slice
 // s), scaled; in: K. Returns whether this thread stores the epilogue (the consumers: the
 // producers leave once their blocks are out; with TMA once the cluster barrier, which every
-// thread arrives at when done with the other CTA, shows both CTAs past their loops, and the
+// thread arrives at when done with the other CTAs, shows all of them past their loops, and the
 // consumers wait for it before they leave).
-template <int N, int G, bool kConsumerFence, bool kTma>
+template <int N, int G, bool kConsumerFence, int C>
 __device__ __forceinline__ bool tile_product(unsigned char* smem, Shared& sh, const CtaSlices& cs, const uint8_t* xq,
                                              const float* xs, int64_t ldxs, int64_t in, float* ex,
                                              const TensorMap* map, int row0) {
@@ -314,7 +314,7 @@ __device__ __forceinline__ bool tile_product(unsigned char* smem, Shared& sh, co
     p.rows = sh.rows;
     p.map = map;
     p.row0 = row0;
-    if constexpr (kTma) {
+    if constexpr (C > 1) {
       p.rank = cluster_rank();
     } else {
 #pragma unroll
@@ -324,8 +324,8 @@ __device__ __forceinline__ bool tile_product(unsigned char* smem, Shared& sh, co
       }
     }
     pdl_wait();
-    produce<N, G, kConsumerFence, kTma>(st, sh, p, cs.sc, nkb);
-    if constexpr (kTma) {
+    produce<N, G, kConsumerFence, C>(st, sh, p, cs.sc, nkb);
+    if constexpr (C > 1) {
       cluster_arrive();
       cluster_wait();
     }
@@ -334,8 +334,8 @@ __device__ __forceinline__ bool tile_product(unsigned char* smem, Shared& sh, co
   if constexpr (G > 1) setmaxnreg_inc<R::kConsumerRegs>();
   const int ct = threadIdx.x - R::kProducers, slice = ct >> 7, wt = ct & 127;
   float acc[N / 2];
-  consume<N, kConsumerFence, kTma>(st, sh, slice, nkb, acc);
-  if constexpr (kTma) cluster_arrive();  // done with the peer's barriers
+  consume<N, kConsumerFence, C>(st, sh, slice, nkb, acc);
+  if constexpr (C > 1) cluster_arrive();  // done with the other CTAs' barriers
   consumers_sync();  // every block consumed (so every copy and conversion landed): the stages are free
   const int r = 16 * (wt >> 5) + ((wt & 31) >> 2);
   stash_rows<N>(acc, sh.row_scale[64 * slice + r], sh.row_scale[64 * slice + r + 8], 64 * slice, wt, ex, kExPitch);
@@ -346,19 +346,19 @@ __device__ __forceinline__ bool tile_product(unsigned char* smem, Shared& sh, co
 // Shared state before the roles split: the tile's rows (row_of(t) for t < count, column 0's
 // past it) and the barriers (with TMA initialised for the cluster before either CTA uses the
 // other's). Returns the shared block.
-template <int G, bool kTma, class RowOf>
+template <int G, int C, class RowOf>
 __device__ __forceinline__ Shared& setup(unsigned char* smem, int count, RowOf row_of) {
   Shared& sh = *reinterpret_cast<Shared*>(smem + kStages * sizeof(Stage));
   if (threadIdx.x < kTok) sh.rows[threadIdx.x] = row_of(threadIdx.x < count ? threadIdx.x : 0);
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       mbar_init(&sh.full[s], Roles<G>::kProducers);
-      mbar_init(&sh.empty[s], kTma ? 2 * kConsumerWarps : kConsumerWarps);
+      mbar_init(&sh.empty[s], C * kConsumerWarps);
       mbar_init(&sh.codes[s], 1);
     }
     mbar_init_fence();
   }
-  if constexpr (kTma) {
+  if constexpr (C > 1) {
     cluster_arrive();
     cluster_wait();
   } else {
@@ -369,47 +369,47 @@ __device__ __forceinline__ Shared& setup(unsigned char* smem, int count, RowOf r
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-// One tile's gate/up (Args = Fp8GateUpArgs) or down (Fp8DownArgs), G producer warpgroups; kTma:
-// in clusters of two CTAs, the codes through a.codes (__grid_constant__: the TMA reads the map
+// One tile's gate/up (Args = Fp8GateUpArgs) or down (Fp8DownArgs), G producer warpgroups; C > 1:
+// in clusters of C CTAs, the codes through a.codes (__grid_constant__: the TMA reads the map
 // from the parameter space).
-template <int G, bool kConsumerFence, bool kTma, class Args>
+template <int G, bool kConsumerFence, int C, class Args>
 __global__ void __launch_bounds__(Roles<G>::kThreads, 1) fp8_ws_kernel(const __grid_constant__ Args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr bool kGateUp = std::is_same_v<Args, Fp8GateUpArgs>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* smem = align_1024(smem_raw);
   MoeTile t;
-  if (!cta_tile(a, t)) return;  // both CTAs of a cluster hold the same tile
-  Shared& sh = setup<G, kTma>(smem, t.count, [&](int c) { return act_row(a, t, c); });
+  if (!cta_tile(a, t)) return;  // the CTAs of a cluster hold the same tile
+  Shared& sh = setup<G, C>(smem, t.count, [&](int c) { return act_row(a, t, c); });
   float* ex = reinterpret_cast<float*>(smem);
   bool stores;
   if constexpr (kGateUp) {
     const CtaSlices cs = gateup_slices(a.tab, t.expert);
     stores = t.count <= 64
-                 ? tile_product<64, G, kConsumerFence, kTma>(smem, sh, cs, a.xq, a.xs, a.ldxs, a.d, ex, &a.codes, t.start)
-                 : tile_product<128, G, kConsumerFence, kTma>(smem, sh, cs, a.xq, a.xs, a.ldxs, a.d, ex, &a.codes,
+                 ? tile_product<64, G, kConsumerFence, C>(smem, sh, cs, a.xq, a.xs, a.ldxs, a.d, ex, &a.codes, t.start)
+                 : tile_product<128, G, kConsumerFence, C>(smem, sh, cs, a.xq, a.xs, a.ldxs, a.d, ex, &a.codes,
                                                               t.start);
     if (stores) store_h(ex, kExPitch, t, cs.r0, a.I, a.limit, a.H, threadIdx.x - Roles<G>::kProducers, kConsumers);
   } else {
     const CtaSlices cs = down_slices(a.tab, t.expert);
     stores = t.count <= 64
-                 ? tile_product<64, G, kConsumerFence, kTma>(smem, sh, cs, a.hq, a.hs, a.ldhs, a.I, ex, &a.codes, t.start)
-                 : tile_product<128, G, kConsumerFence, kTma>(smem, sh, cs, a.hq, a.hs, a.ldhs, a.I, ex, &a.codes,
+                 ? tile_product<64, G, kConsumerFence, C>(smem, sh, cs, a.hq, a.hs, a.ldhs, a.I, ex, &a.codes, t.start)
+                 : tile_product<128, G, kConsumerFence, C>(smem, sh, cs, a.hq, a.hs, a.ldhs, a.I, ex, &a.codes,
                                                               t.start);
     if (stores)
       store_y(ex, kExPitch, t, a.slot_pair, cs.r0, a.d, a.Y, threadIdx.x - Roles<G>::kProducers, kConsumers);
   }
-  if constexpr (kTma)
-    if (stores) cluster_wait();  // the peer is past its loops: nothing of it touches this CTA any more
+  if constexpr (C > 1)
+    if (stores) cluster_wait();  // the others are past their loops: nothing of theirs touches this CTA any more
 #endif
 }
 
-template <int G, bool kConsumerFence, bool kTma>
+template <int G, bool kConsumerFence, int C>
 Fp8TileKernels ws_kernels() {
-  Fp8TileKernels k{fp8_ws_kernel<G, kConsumerFence, kTma, Fp8GateUpArgs>,
-                   fp8_ws_kernel<G, kConsumerFence, kTma, Fp8DownArgs>, Roles<G>::kThreads, kSmem};
-  k.cluster = kTma ? 2 : 1;
-  k.slot_codes = kTma;
+  Fp8TileKernels k{fp8_ws_kernel<G, kConsumerFence, C, Fp8GateUpArgs>,
+                   fp8_ws_kernel<G, kConsumerFence, C, Fp8DownArgs>, Roles<G>::kThreads, kSmem};
+  k.cluster = C;
+  k.slot_codes = C > 1;
   return k;
 }
 
@@ -428,12 +428,14 @@ __global__ void gather_slot_rows_kernel(const uint8_t* __restrict__ src, int64_t
 
 Fp8TileKernels fp8_ws_kernels(int producer_groups, bool consumer_fence) {
   DSV4_CHECK(producer_groups == 1 || producer_groups == 2, "fp8_ws_kernels: 1 or 2 producer warpgroups");
-  if (producer_groups == 2) return consumer_fence ? ws_kernels<2, true, false>() : ws_kernels<2, false, false>();
-  return consumer_fence ? ws_kernels<1, true, false>() : ws_kernels<1, false, false>();
+  if (producer_groups == 2) return consumer_fence ? ws_kernels<2, true, 1>() : ws_kernels<2, false, 1>();
+  return consumer_fence ? ws_kernels<1, true, 1>() : ws_kernels<1, false, 1>();
 }
 
-Fp8TileKernels fp8_ws_tma_kernels(bool consumer_fence) {
-  return consumer_fence ? ws_kernels<1, true, true>() : ws_kernels<1, false, true>();
+Fp8TileKernels fp8_ws_tma_kernels(int cluster, bool consumer_fence) {
+  DSV4_CHECK(cluster == 2 || cluster == 4, "fp8_ws_tma_kernels: clusters of 2 or 4 CTAs");
+  if (cluster == 4) return consumer_fence ? ws_kernels<1, true, 4>() : ws_kernels<1, false, 4>();
+  return consumer_fence ? ws_kernels<1, true, 2>() : ws_kernels<1, false, 2>();
 }
 
 void gather_slot_rows(const uint8_t* src, int64_t ld, const int32_t* slot_pair, int K, int64_t slots, int64_t bytes,

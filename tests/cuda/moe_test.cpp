@@ -467,14 +467,16 @@ void spread_scales(Experts& ex, int64_t E, int64_t d, int64_t I) {
 // (tiles of one or two tokens, the second warpgroup idle), 300 (75 or 150 tokens per expert: one
 // tile, both warpgroups) and 700 (175 or 350: several tiles per expert, partial last ones).
 // With spread: a fourth shape whose scales spread_scales widened (the rounded folding tables).
+// shapes: other {E, d, I, K} instead of the three (the spread one stays the fourth).
 template <class Check>
-void for_each_wide_case(Check check, bool spread = false) {
+void for_each_wide_case(Check check, bool spread = false, std::vector<std::array<int64_t, 4>> shapes = {}) {
   std::vector<std::array<int64_t, 4>> cases = {{16, 256, 128, 4}, {8, 512, 384, 2}, {8, 1280, 1152, 2}};
+  if (!shapes.empty()) cases = shapes;
   if (spread) cases.push_back({4, 512, 256, 2});
   for (size_t ci = 0; ci < cases.size(); ++ci) {
     const auto [E, d, I, K] = cases[ci];
     Experts ex = make_experts(Kind::FP4, static_cast<int>(E), d, I);
-    if (ci == 3) spread_scales(ex, E, d, I);
+    if (spread && ci + 1 == cases.size()) spread_scales(ex, E, d, I);
     cuda::MoeRunner runner;
     ASSERT_TRUE(runner.pack_for_tensor_cores(ex.dev, nullptr));
     for (int64_t R : {5, 300, 700}) check(ex, runner, make_routing(R, d, K, static_cast<int>(E)), d, I, R, K);
@@ -566,7 +568,7 @@ TEST(CudaMoe, Fp8WideTilesFoldSpreadScales) {
 // memory, two consumers run shared-memory wgmmas) compute the wide kernels' products in the same
 // order: outputs bit for bit equal in every given mode, on every wide-tile case (N = 64 and 128
 // tiles, rings that wrap and ones shorter than the copies' lead) and the spread scales.
-void expect_ws_matches_wide(std::initializer_list<int> modes) {
+void expect_ws_matches_wide(std::initializer_list<int> modes, std::vector<std::array<int64_t, 4>> shapes = {}) {
   for_each_wide_case(
       [&](const Experts& ex, cuda::MoeRunner& runner, const Routing& rt, int64_t d, int64_t I, int64_t R, int64_t K) {
         cuda::set_moe_wide_tiles(4);
@@ -586,7 +588,7 @@ void expect_ws_matches_wide(std::initializer_list<int> modes) {
           EXPECT_EQ(differ, 0u) << "d=" << d << " I=" << I << " R=" << R << " mode " << mode;
         }
       },
-      true);
+      true, shapes);
 }
 
 // One producer warpgroup, the proxy fence in the producers (5) or the consumers (6).
@@ -610,6 +612,14 @@ TEST(CudaMoe, Fp8WarpSpecialisedClusterTmaMatchesWide) {
   DSV4_REQUIRE_GPU();
   if (!cuda::moe_wgmma_available()) GTEST_SKIP() << "wgmma expert tiles need an sm_90 device and an arch-90a build";
   expect_ws_matches_wide({9, 10});
+}
+
+// Clusters of four: shapes whose gate/up (I / 64) and down (d / 128) slice counts are multiples of
+// four (gate/up 8 blocks: the ring wraps; down 4 / 2: shorter than the ring), and the spread one.
+TEST(CudaMoe, Fp8WarpSpecialisedClusterTmaOfFourMatchesWide) {
+  DSV4_REQUIRE_GPU();
+  if (!cuda::moe_wgmma_available()) GTEST_SKIP() << "wgmma expert tiles need an sm_90 device and an arch-90a build";
+  expect_ws_matches_wide({11, 12}, {{8, 1024, 512, 2}, {16, 512, 256, 4}});
 }
 
 }  // namespace
