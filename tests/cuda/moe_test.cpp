@@ -16,6 +16,14 @@
 #include "backend/cuda/moe.h"
 #include "tests/cuda/random_weights.h"
 
+// Skips without a GPU, or where the wgmma expert tiles are not built or not supported.
+#define DSV4_REQUIRE_WGMMA_TILES()                                                                            \
+  do {                                                                                                        \
+    DSV4_REQUIRE_GPU();                                                                                       \
+    if (!::dsv4::cuda::moe_wgmma_available())                                                                 \
+      GTEST_SKIP() << "wgmma expert tiles need an sm_90 device and an arch-90a build";                        \
+  } while (0)
+
 namespace dsv4::test {
 namespace {
 
@@ -484,8 +492,7 @@ void for_each_wide_case(Check check, bool spread = false, std::vector<std::array
 }
 
 TEST(CudaMoe, WgmmaTilesMatchNarrowTiles) {
-  DSV4_REQUIRE_GPU();
-  if (!cuda::moe_wgmma_available()) GTEST_SKIP() << "wgmma expert tiles need an sm_90 device and an arch-90a build";
+  DSV4_REQUIRE_WGMMA_TILES();
   for_each_wide_case([](const Experts& ex, cuda::MoeRunner& runner, const Routing& rt, int64_t d, int64_t I, int64_t R,
                       int64_t K) {
     auto run = [&](int mode) {
@@ -529,8 +536,7 @@ TEST(CudaMoe, WgmmaTilesMatchNarrowTiles) {
 // in one block, and rows of each kind in one warp): against the CPU formula as tightly as the
 // 8-token kernels, which apply every group scale in fp32.
 TEST(CudaMoe, Fp8WideTilesFoldSpreadScales) {
-  DSV4_REQUIRE_GPU();
-  if (!cuda::moe_wgmma_available()) GTEST_SKIP() << "wgmma expert tiles need an sm_90 device and an arch-90a build";
+  DSV4_REQUIRE_WGMMA_TILES();
   const int64_t E = 4, d = 512, I = 256, K = 2, R = 200;
   Experts ex = make_experts(Kind::FP4, static_cast<int>(E), d, I);
   spread_scales(ex, E, d, I);
@@ -593,15 +599,13 @@ void expect_ws_matches_wide(std::initializer_list<int> modes, std::vector<std::a
 
 // One producer warpgroup, the proxy fence in the producers (5) or the consumers (6).
 TEST(CudaMoe, Fp8WarpSpecialisedTilesMatchWide) {
-  DSV4_REQUIRE_GPU();
-  if (!cuda::moe_wgmma_available()) GTEST_SKIP() << "wgmma expert tiles need an sm_90 device and an arch-90a build";
+  DSV4_REQUIRE_WGMMA_TILES();
   expect_ws_matches_wide({5, 6});
 }
 
 // Two producer warpgroups (512 threads, registers moved by setmaxnreg), both fence places.
 TEST(CudaMoe, Fp8WarpSpecialisedTwoProducersMatchWide) {
-  DSV4_REQUIRE_GPU();
-  if (!cuda::moe_wgmma_available()) GTEST_SKIP() << "wgmma expert tiles need an sm_90 device and an arch-90a build";
+  DSV4_REQUIRE_WGMMA_TILES();
   expect_ws_matches_wide({7, 8});
 }
 
@@ -609,16 +613,14 @@ TEST(CudaMoe, Fp8WarpSpecialisedTwoProducersMatchWide) {
 // order first; rows of the last tile past the slots arrive as zeros), both fence places. Every
 // case's grids have an even number of row slices.
 TEST(CudaMoe, Fp8WarpSpecialisedClusterTmaMatchesWide) {
-  DSV4_REQUIRE_GPU();
-  if (!cuda::moe_wgmma_available()) GTEST_SKIP() << "wgmma expert tiles need an sm_90 device and an arch-90a build";
+  DSV4_REQUIRE_WGMMA_TILES();
   expect_ws_matches_wide({9, 10});
 }
 
 // Clusters of four: shapes whose gate/up (I / 64) and down (d / 128) slice counts are multiples of
 // four (gate/up 8 blocks: the ring wraps; down 4 / 2: shorter than the ring), and the spread one.
 TEST(CudaMoe, Fp8WarpSpecialisedClusterTmaOfFourMatchesWide) {
-  DSV4_REQUIRE_GPU();
-  if (!cuda::moe_wgmma_available()) GTEST_SKIP() << "wgmma expert tiles need an sm_90 device and an arch-90a build";
+  DSV4_REQUIRE_WGMMA_TILES();
   expect_ws_matches_wide({11, 12}, {{8, 1024, 512, 2}, {16, 512, 256, 4}});
 }
 
