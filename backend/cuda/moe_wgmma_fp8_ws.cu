@@ -114,8 +114,8 @@ struct Producer {
 };
 
 // Block kb into stage `si`: this thread's share of the codes (with TMA: thread 0 of each CTA
-// loads its share of the boxes into all C CTAs of the cluster), one token scale (threads < N), its pieces of the
-// row and the row's E8M0 word; one cp.async group.
+// loads its share of the boxes into all C CTAs of the cluster), one token scale (threads < N),
+// its pieces of the row and the row's E8M0 word; one cp.async group.
 template <int N, int G, int C>
 __device__ __forceinline__ void copy_block(Stage* st, Shared& sh, const Producer<N, G>& p, int kb, int si) {
   constexpr int P = Roles<G>::kProducers, kPieces = Roles<G>::kPieces;
