@@ -14,6 +14,7 @@
 #include "backend/cpu/linear.h"
 #include "backend/cpu/ops.h"
 #include "backend/cuda/moe.h"
+#include "backend/cuda/tensor_map.h"
 #include "tests/cuda/random_weights.h"
 
 // Skips without a GPU, or where the wgmma expert tiles are not built or not supported.
@@ -607,6 +608,38 @@ TEST(CudaMoe, Fp8WarpSpecialisedTilesMatchWide) {
 TEST(CudaMoe, Fp8WarpSpecialisedTwoProducersMatchWide) {
   DSV4_REQUIRE_WGMMA_TILES();
   expect_ws_matches_wide({7, 8});
+}
+
+// What the clustered expert kernels assume of the TMA path, apart from their arithmetic: boxes of
+// 32 rows x 128 bytes multicast by their loading CTA land in every CTA of the cluster in the
+// 128-byte swizzle (chunk c of box row t at chunk c ^ (t % 8)), rows past the matrix as zeros, and
+// the barrier counts every CTA's share. Clusters of 2 and 4, a box count the cluster does not
+// divide, a start row that is no multiple of 8.
+TEST(CudaMoe, ClusterTmaProbeLandsSwizzledBoxes) {
+  DSV4_REQUIRE_WGMMA_TILES();
+  const int64_t rows = 70, row_bytes = 512;
+  const int x = 256, row0 = 13, boxes = 3, box_bytes = 32 * 128;
+  std::vector<uint8_t> src(static_cast<size_t>(rows * row_bytes));
+  for (auto& b : src) b = static_cast<uint8_t>(rng()());
+  cuda::DeviceBuffer dsrc = cuda::to_device(src);
+  for (int cluster : {2, 4}) {
+    cuda::DeviceBuffer dout(static_cast<size_t>(cluster) * boxes * box_bytes);
+    dout.fill_bytes(0xA5);
+    cuda::detail::tma_multicast_probe(dsrc.as<uint8_t>(), row_bytes, rows, x, row0, boxes, cluster,
+                                      dout.as<uint8_t>(), nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<uint8_t> out = cuda::to_host<uint8_t>(dout, dout.bytes());
+    size_t wrong = 0;
+    for (int r = 0; r < cluster; ++r)
+      for (int t = 0; t < boxes * 32; ++t)
+        for (int c = 0; c < 8; ++c)
+          for (int j = 0; j < 16; ++j) {
+            const int64_t row = row0 + t;
+            const uint8_t want = row < rows ? src[static_cast<size_t>(row * row_bytes + x + 16 * c + j)] : 0;
+            wrong += out[static_cast<size_t>(r) * boxes * box_bytes + t * 128 + ((c ^ (t & 7)) << 4) + j] != want;
+          }
+    EXPECT_EQ(wrong, 0u) << "cluster of " << cluster << ": bytes not where the swizzle puts them";
+  }
 }
 
 // Clusters of two CTAs per tile sharing the codes by TMA multicast (gate/up's gathered into slot
