@@ -135,7 +135,7 @@ read -r -a extra <<<"${EXTRA_TESTS:-}"
 [[ "$MODE" == ops-ncu ]] && targets=(--target bench_ops dsv4 "${extra[@]}")
 [[ "$MODE" == moe-attn ]] && targets=(--target cuda_moe_test cuda_ops_attention_test bench_linear bench_ops dsv4 "${extra[@]}")
 [[ "$MODE" == dev ]] && targets=(--target bench_linear bench_ops dsv4 "${extra[@]}")
-[[ "$MODE" == moe-ws || "$MODE" == moe-profile ]] && targets=(--target cuda_moe_test bench_linear bench_hops dsv4)
+[[ "$MODE" == moe-ws || "$MODE" == moe-profile ]] && targets=(--target cuda_moe_test bench_linear bench_hops bench_stream dsv4)
 if [[ -n "${TARGETS:-}" ]]; then read -r -a only <<<"$TARGETS"; targets=(--target "${only[@]}"); fi
 if [[ "${SKIP_BUILD:-0}" != 1 ]] && ! cmake --build "$BUILD" -j"$JOBS" "${targets[@]}" >"$LOG/build.log" 2>&1; then
   grep -E "error|Error" "$LOG/build.log" | head -40; cp "$LOG/build.log" "$OUT/"; echo "build FAILED"; exit 1
@@ -340,6 +340,12 @@ if [[ "$MODE" == moe-ws || "$MODE" == moe-profile ]]; then
   # seconds).
   timeout 60 "$BUILD/bench/bench_hops" >"$LOG/bench_hops.log" 2>&1
   summary+=("bench_hops: rc=$? $(grep -E 'per hop|not co-resident' "$LOG/bench_hops.log" | tr -s ' ' | tr '\n' ';')")
+  # What a pure reader of the decode step's weight sizes reaches (the GEMVs' ideal), if built.
+  if [[ -x "$BUILD/bench/bench_stream" ]]; then
+    timeout 60 "$BUILD/bench/bench_stream" >"$LOG/bench_stream.log" 2>&1
+    summary+=("bench_stream: rc=$?")
+    cp "$LOG/bench_stream.log" "$OUT/" 2>/dev/null
+  fi
   save
 fi
 
