@@ -17,9 +17,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <map>
-#include <mutex>
-#include <utility>
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/gemv_fp8_mma.h"
@@ -141,51 +138,6 @@ int k_slices(int64_t tiles, int64_t nkb) {
   return ks;
 }
 
-// DSV4_GEMV_SPREAD=1 (off until measured): a grid of one partial wave (wq_b / wo_b at 1 row: 256
-// CTAs where 3 fit an SM) may still be placed 3 to an SM on some SMs and none on others (under PDL
-// its CTAs take whatever frees first; ncu saw the SMs active only 77% of a 32 MB GEMV, step 23).
-// Unused dynamic shared memory caps the CTAs an SM holds at ceil(grid / SMs), so every SM gets
-// its share. Returns the bytes to ask for (0: no cap needed or none found).
-template <class Kernel>
-size_t spread_pad(Kernel kernel, int threads, int64_t ctas, int per_sm) {
-  static const bool spread = [] {
-    const char* env = std::getenv("DSV4_GEMV_SPREAD");
-    return env && env[0] == '1';
-  }();
-  const int64_t cap = ceil_div(ctas, int64_t(sm_count()));
-  if (!spread || cap >= per_sm) return 0;
-  static std::mutex mu;
-  static std::map<std::pair<const void*, int64_t>, size_t> pad_for;  // by kernel and cap
-  std::lock_guard<std::mutex> lock(mu);
-  size_t& pad = pad_for[{reinterpret_cast<const void*>(kernel), cap}];
-  if (pad == 0) {
-    int dev = 0, sm_bytes = 0, reserved = 0;
-    DSV4_CUDA_CHECK(cudaGetDevice(&dev));
-    DSV4_CUDA_CHECK(cudaDeviceGetAttribute(&sm_bytes, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
-    DSV4_CUDA_CHECK(cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, dev));
-    cudaFuncAttributes fa{};
-    DSV4_CUDA_CHECK(cudaFuncGetAttributes(&fa, kernel));
-    const int64_t want = sm_bytes / cap - reserved - static_cast<int64_t>(fa.sharedSizeBytes);
-    for (int64_t p = want / 1024 * 1024; p > 0; p -= 1024) {  // the largest pad that still fits cap CTAs
-      if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(p)) != cudaSuccess)
-        continue;
-      int fit = 0;
-      DSV4_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, kernel, threads, static_cast<size_t>(p)));
-      if (fit == cap) {
-        pad = static_cast<size_t>(p);
-        break;
-      }
-    }
-    (void)cudaGetLastError();  // a refused size above is not an error of this launch
-    DSV4_CHECK(pad > 0, "fp8_mma_gemv: DSV4_GEMV_SPREAD found no shared-memory size for ", cap, " CTAs per SM");
-    size_t most = 0;  // the kernel's limit must admit every cap's pad found so far
-    for (const auto& [key, bytes] : pad_for)
-      if (key.first == reinterpret_cast<const void*>(kernel)) most = std::max(most, bytes);
-    DSV4_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(most)));
-  }
-  return pad;
-}
-
 template <int RT, int KS, int NB>
 void launch(const GemvOut& a, const GemvOut* b, const uint8_t* xq, int64_t ldq, const float* xs, int64_t ldxs, int rows,
             cudaStream_t s) {
@@ -233,16 +185,12 @@ void launch(const GemvOut& a, const GemvOut* b, const uint8_t* xq, int64_t ldq, 
   if (b && ctas0 + ctas1 > resident && ctas0 <= resident) {
     // Together the pair would take another wave (the shared expert's gate / up at 16 rows: 256
     // CTAs at 1 per SM): one launch each, the same sums.
-    const int64_t per_sm = resident / sm_count();
-    launch_dependent(kernel, dim3(ctas0), dim3(threads), spread_pad(kernel, threads, ctas0, per_sm), s, a, a, ctas0,
-                     xq, ldq, xs, ldxs, rows, prefetch);
-    launch_dependent(kernel, dim3(ctas1), dim3(threads), spread_pad(kernel, threads, ctas1, per_sm), s, *b, *b, ctas1,
-                     xq, ldq, xs, ldxs, rows, prefetch);
+    launch_dependent(kernel, dim3(ctas0), dim3(threads), 0, s, a, a, ctas0, xq, ldq, xs, ldxs, rows, prefetch);
+    launch_dependent(kernel, dim3(ctas1), dim3(threads), 0, s, *b, *b, ctas1, xq, ldq, xs, ldxs, rows, prefetch);
     return;
   }
-  launch_dependent(kernel, dim3(ctas0 + ctas1), dim3(threads),
-                   spread_pad(kernel, threads, ctas0 + ctas1, resident / sm_count()), s, a, b ? *b : a, ctas0, xq, ldq,
-                   xs, ldxs, rows, prefetch);
+  launch_dependent(kernel, dim3(ctas0 + ctas1), dim3(threads), 0, s, a, b ? *b : a, ctas0, xq, ldq, xs, ldxs, rows,
+                   prefetch);
 }
 
 // The kernel shape for an output: RT x KS = 8 or 16 warps (16 slices of one tile for small
