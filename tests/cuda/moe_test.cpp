@@ -601,7 +601,27 @@ void expect_ws_matches_wide(std::initializer_list<int> modes, std::vector<std::a
 // One producer warpgroup, the proxy fence in the producers (5) or the consumers (6).
 TEST(CudaMoe, Fp8WarpSpecialisedTilesMatchWide) {
   DSV4_REQUIRE_WGMMA_TILES();
-  expect_ws_matches_wide({5, 6});
+  expect_ws_matches_wide({5, 6, 13});
+}
+
+// The by-size rule at prefill sizes (~75 and ~175 tokens an expert) runs a warp-specialised form
+// by default (DSV4_MOE_PREFILL_WS): its outputs are the wide kernels' bit for bit.
+TEST(CudaMoe, BySizePrefillTilesMatchWide) {
+  DSV4_REQUIRE_WGMMA_TILES();
+  const int64_t E = 8, d = 512, I = 384, K = 2;
+  Experts ex = make_experts(Kind::FP4, static_cast<int>(E), d, I);
+  cuda::MoeRunner runner;
+  ASSERT_TRUE(runner.pack_for_tensor_cores(ex.dev, nullptr));
+  for (int64_t R : {300, 700}) {
+    const Routing rt = make_routing(R, d, K, static_cast<int>(E));
+    cuda::set_moe_wide_tiles(4);
+    const std::vector<float> wide = run_poisoned(runner, ex, rt, R, K);
+    cuda::set_moe_wide_tiles(0);
+    const std::vector<float> by_size = run_poisoned(runner, ex, rt, R, K);
+    size_t differ = 0;
+    for (size_t i = 0; i < wide.size(); ++i) differ += std::memcmp(&wide[i], &by_size[i], sizeof(float)) != 0;
+    EXPECT_EQ(differ, 0u) << "R=" << R << ": the by-size prefill tiles differ from the wide kernels";
+  }
 }
 
 // Two producer warpgroups (512 threads, registers moved by setmaxnreg), both fence places.
