@@ -350,20 +350,20 @@ if [[ "$MODE" == moe-ws || "$MODE" == moe-profile ]]; then
 fi
 
 if [[ "$MODE" == moe-ws ]]; then
-  # The warp-specialised FP8 prefill expert kernels (set_moe_wide_tiles 5-12, DSV4_MOE_PREFILL_WS
-  # 1-8: one or two producer warpgroups, the proxy fence in the producers or the consumers, and
-  # the clusters of 2 or 4 sharing codes by TMA) against the wide ones: the bitwise tests (the two-producer
-  # and cluster forms each alone under a short limit: a wrong register split or barrier count
+  # The warp-specialised FP8 prefill expert kernels (set_moe_wide_tiles 5-13, DSV4_MOE_PREFILL_WS
+  # 1-9: one or two producer warpgroups, the proxy fence in the producers or the consumers, the
+  # clusters of 2 or 4 sharing codes by TMA, form 2 by warp) against the wide ones: the bitwise tests
+  # (the two-producer, cluster and by-warp forms each alone under a short limit: a wrong register split or barrier count
   # hangs), bench_linear moe at MOE_WS_TOKENS (default 2048,4096,8192) for the FP8 variants that
-  # passed, WS_NCU=1: ncu of the gate/up of each variant in WS_NCU_VARIANTS, then e2e prefill 8192
+  # passed, WS_NCU=1: ncu of the gate/up of each form in WS_NCU_FORMS, then e2e prefill 8192
   # with the forms and without, alternating (E2E_AB's machinery), then memcheck / synccheck /
   # racecheck (WS_SANITIZERS) on the bitwise tests.
-  timeout 150 "$BUILD/tests/cuda/cuda_moe_test" --gtest_filter='*Fp8*:*Wgmma*:-*TwoProducers*:*ClusterTma*' >"$LOG/moe-ws-test.log" 2>&1
+  timeout 150 "$BUILD/tests/cuda/cuda_moe_test" --gtest_filter='*Fp8*:*Wgmma*:*BySize*:-*TwoProducers*:*ClusterTma*:*ByWarp*' >"$LOG/moe-ws-test.log" 2>&1
   rc=$?
   summary+=("cuda_moe_test Fp8/Wgmma: rc=$rc $(grep -E 'PASSED|FAILED' "$LOG/moe-ws-test.log" | tr -s ' ' | tr '\n' ';')")
   grep -E "differ from" "$LOG/moe-ws-test.log" | grep -v " 0 of " | head -5 >>"$LOG/summary-failures.log"
   skip="${WS_BENCH_SKIP:-}"; skip_tests=""  # WS_BENCH_SKIP=a,b: bench variants left out anyway
-  for t in TwoProducers:ws2 ClusterTma:tma; do
+  for t in TwoProducers:ws2 ClusterTma:tma ByWarp:by-warp; do
     timeout 60 "$BUILD/tests/cuda/cuda_moe_test" --gtest_filter="*${t%%:*}*" >"$LOG/moe-ws-${t##*:}-test.log" 2>&1
     rct=$?
     summary+=("cuda_moe_test ${t%%:*}: rc=$rct $(grep -E 'PASSED|FAILED' "$LOG/moe-ws-${t##*:}-test.log" | tr -s ' ' | tr '\n' ';')")
@@ -379,25 +379,28 @@ if [[ "$MODE" == moe-ws ]]; then
     save
     if [[ "${WS_NCU:-0}" == 1 ]]; then
       # Where each form's gate/up waits: sections and the stall sampling by source line, one
-      # launch at 4096 tokens (launch 2 of the kernel: after a warm-up call's gate/up and down).
-      IFS=',' read -r -a ncu_variants <<<"${WS_NCU_VARIANTS:-ws consumer,ws tma consumer}"
+      # launch at 4096 tokens (launch 2 of the kernel: after a warm-up call's gate/up and down) of
+      # the by-size default run as each DSV4_MOE_PREFILL_WS form in WS_NCU_FORMS (only the default
+      # variant runs: BENCH_MOE_VARIANT matches none).
+      IFS=',' read -r -a ncu_forms <<<"${WS_NCU_FORMS:-2,9}"
       i=0
-      for v in "${ncu_variants[@]}"; do
-        [[ ",$skip," == *",tma,"* && "$v" == *tma* ]] && continue
-        BENCH_MOE_TOKENS=4096 BENCH_MOE_VARIANT="$v" timeout 150 ncu --kernel-name regex:"fp8_ws_kernel" \
+      for v in "${ncu_forms[@]}"; do
+        [[ ",$skip," == *",tma,"* && "$v" =~ ^[5-8]$ ]] && continue
+        [[ ",$skip," == *",by-warp,"* && "$v" == 9 ]] && continue
+        DSV4_MOE_PREFILL_WS="$v" BENCH_MOE_TOKENS=4096 BENCH_MOE_VARIANT=none timeout 150 ncu --kernel-name regex:"fp8_ws_kernel" \
           --launch-skip 2 --launch-count 1 --import-source yes --section SpeedOfLight --section WarpStateStats \
           --section SchedulerStats --section Occupancy --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
           --section SourceCounters --section InstructionStats "$BUILD/bench/bench_linear" moe >"$LOG/ncu-ws-gateup$i.txt" 2>&1
-        summary+=("ncu $v gateup: rc=$? $(grep -E ' Duration|Compute \(SM\) Throughput|L2 Cache Throughput|L1/TEX Hit|Issue Slots Busy|No Eligible' "$LOG/ncu-ws-gateup$i.txt" | tr -s ' ' | tr '\n' ';')")
+        summary+=("ncu form $v gateup: rc=$? $(grep -E ' Duration|Compute \(SM\) Throughput|L2 Cache Throughput|L1/TEX Hit|Issue Slots Busy|No Eligible' "$LOG/ncu-ws-gateup$i.txt" | tr -s ' ' | tr '\n' ';')")
         cp "$LOG/ncu-ws-gateup$i.txt" "$OUT/" 2>/dev/null
         save
         i=$((i + 1))
       done
     fi
-    # e2e sides (after the default): the forms that passed, the default between them, alternating.
-    ws_sides="DSV4_MOE_PREFILL_WS=2;DSV4_MOE_PREFILL_WS=1;"
-    [[ ",$skip," == *",ws2,"* ]] || ws_sides="$ws_sides;DSV4_MOE_PREFILL_WS=4"
-    [[ ",$skip," == *",tma,"* ]] || ws_sides="DSV4_MOE_PREFILL_WS=6;DSV4_MOE_PREFILL_WS=8;DSV4_MOE_PREFILL_WS=5;;$ws_sides;DSV4_MOE_PREFILL_WS=6;DSV4_MOE_PREFILL_WS=8"
+    # e2e sides after the default (form 2): the wide kernels and the by-warp form if it passed, twice.
+    ws_sides="DSV4_MOE_PREFILL_WS=0"
+    [[ ",$skip," == *",by-warp,"* ]] || ws_sides="$ws_sides;DSV4_MOE_PREFILL_WS=9"
+    ws_sides="$ws_sides;;$ws_sides"
     E2E_BATCHES="${E2E_BATCHES:-1}" E2E_PREFILL="${E2E_PREFILL:-8192}" E2E_AB="${WS_E2E_AB:-$ws_sides}"
     [[ "${WS_E2E:-1}" == 1 ]] && e2e_ab
     E2E_AB=""

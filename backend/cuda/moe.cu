@@ -381,7 +381,7 @@ const int g_prefill_ws = [] {
 
 // ws form 1-8: (producer warpgroups, fence in the consumers) = (1, no), (1, yes), (2, no), (2,
 // yes); 5 / 6 and 7 / 8: one producer warpgroup in clusters of 2 and 4 sharing the codes by TMA,
-// fence no / yes; 9: form 2 with lane-0 polls of the stage barriers.
+// fence no / yes; 9: form 2 by warp (whole-sector copies, one arrival and one poll a warp).
 Fp8TileKernels fp8_tile_kernels(int ws) {
   if (ws == 0) return fp8_wide_kernels();
   if (ws == 9) return fp8_ws_kernels(1, true, true);

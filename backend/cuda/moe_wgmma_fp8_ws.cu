@@ -7,10 +7,11 @@
 //
 // CTA: G producer warpgroups and two consumer warpgroups. Producer thread p owns part of weight
 // row p / G (slice row / 64: gate/up W1 and W3 of the same 64 rows; down two 64-row slices of W2):
-// per 128-block its warp copies its rows' packed FP4 bytes, it copies the row's E8M0 word and a
-// share of the tile's activation codes and scales into a stage by cp.async, waits for them, writes
-// its share of the row's folded e4m3 bytes (moe_fp8_fold.cuh) into the stage's A operand in the
-// 128-byte swizzle, and its warp arrives on the stage's full barrier.
+// per 128-block it copies its share of the row's packed FP4 bytes (4 / G of the 16-byte pieces;
+// kByWarp: its warp copies the warp's rows as whole sectors), the row's E8M0 word and a share of
+// the tile's activation codes and scales into a stage by cp.async, waits for them, writes its
+// share of the row's folded e4m3 bytes (moe_fp8_fold.cuh) into the stage's A operand in the
+// 128-byte swizzle, and arrives on the stage's full barrier (kByWarp: once a warp).
 // The consumers each wait for a stage, run their slice's four k32 steps as shared-memory wgmmas
 // (A: the converted slice, B: the codes), promote the block's sums into fp32 accumulators with
 // the column scales and release the stage (one arrival per warp on its empty barrier); they never
@@ -100,8 +101,9 @@ __device__ __forceinline__ void setmaxnreg_dec() {
 template <int N, int G>
 struct Producer {
   int s, lr, h;
-  int cr, cpiece;     // the row (of slice s, + 8 k for copy k) and 16-byte piece this thread copies
-  const uint8_t* wc;  // that piece's packed bytes in block 0
+  const uint8_t* w;   // the row's packed bytes of block 0
+  int cr, cpiece;     // by warp: the row (of slice s, + 8 k for copy k) and 16-byte piece this thread copies
+  const uint8_t* wc;  // by warp: that piece's packed bytes in block 0
   const uint8_t* e;  // the row's E8M0 bytes
   const uint8_t* xq;
   uint32_t off[N * 8 / Roles<G>::kProducers];
@@ -116,11 +118,11 @@ struct Producer {
 
 // Block kb into stage `si`: this thread's share of the codes (with TMA: thread 0 of each CTA
 // loads its share of the boxes into all C CTAs of the cluster), one token scale (threads < N),
-// kPieces pieces of its warp's rows and its row's E8M0 word; one cp.async group. The packed bytes
-// go by warp, not by owner: copy k of a warp moves 8 whole 64-byte rows (4 lanes a row), so no
-// request reads half a sector (per owner, 32 rows x 16 bytes: 35% of the kernel's L2 sectors were
-// excess, bench/NOTES.md step 25); the owner reads its row after a __syncwarp.
-template <int N, int G, int C>
+// kPieces pieces of its row (kByWarp: of its warp's rows) and its row's E8M0 word; one cp.async
+// group. By warp, copy k of a warp moves 8 whole 64-byte rows (4 lanes a row), so no request reads
+// half a sector (by owner, 32 rows x 16 bytes: 35% of the kernel's L2 sectors were excess,
+// bench/NOTES.md step 25); the owner then reads its row after a __syncwarp.
+template <int N, int G, int C, bool kByWarp>
 __device__ __forceinline__ void copy_block(Stage* st, Shared& sh, const Producer<N, G>& p, int kb, int si) {
   constexpr int P = Roles<G>::kProducers, kPieces = Roles<G>::kPieces;
   const int t0 = threadIdx.x;
@@ -140,10 +142,19 @@ __device__ __forceinline__ void copy_block(Stage* st, Shared& sh, const Producer
     }
   }
   if (t0 < N) cp_async4(&stage.xs[t0], p.xs + kb * p.ldxs + p.rows[t0]);
-  const uint8_t* w = p.wc + static_cast<int64_t>(kb) * kPackedBlockStride;
+  if constexpr (kByWarp) {
+    const uint8_t* w = p.wc + static_cast<int64_t>(kb) * kPackedBlockStride;
 #pragma unroll
-  for (int k = 0; k < kPieces; ++k)
-    cp_async16(&stage.w[p.s][p.cr + 8 * k][raw_piece(p.cr + 8 * k, p.cpiece)], w + 8 * 64 * k);
+    for (int k = 0; k < kPieces; ++k)
+      cp_async16(&stage.w[p.s][p.cr + 8 * k][raw_piece(p.cr + 8 * k, p.cpiece)], w + 8 * 64 * k);
+  } else {
+    const uint8_t* w = p.w + static_cast<int64_t>(kb) * kPackedBlockStride;
+#pragma unroll
+    for (int k = 0; k < kPieces; ++k) {
+      const int i = p.h * kPieces + k;
+      cp_async16(&stage.w[p.s][p.lr][raw_piece(p.lr, i)], w + 16 * i);
+    }
+  }
   cp_async4(&stage.e[p.s][p.lr][p.h], p.e + kb * 4);
   cp_async_commit();
 }
@@ -213,11 +224,11 @@ __device__ __forceinline__ void fold(Stage& st, int s, int lr, int h, const RowB
 // barrier's arrival. A stage is refilled once both consumers released the block it held (with TMA:
 // the consumers of all C CTAs, whose stages the copy writes). The row's exponent base is found
 // while the first copies are in flight.
-template <int N, int G, bool kConsumerFence, int C, bool kWarpPoll>
+template <int N, int G, bool kConsumerFence, int C, bool kByWarp>
 __device__ __forceinline__ void produce(Stage* st, Shared& sh, Producer<N, G>& p, int64_t sc, int nkb) {
   for (int b = 0; b < kAhead; ++b) {
     if (b < nkb)
-      copy_block<N, G, C>(st, sh, p, b, b);
+      copy_block<N, G, C, kByWarp>(st, sh, p, b, b);
     else
       cp_async_commit();
   }
@@ -229,23 +240,27 @@ __device__ __forceinline__ void produce(Stage* st, Shared& sh, Producer<N, G>& p
       if (nb >= kStages) {
         if constexpr (C > 1)
           mbar_wait_cluster(&sh.empty[nb % kStages], ((nb / kStages) & 1) ^ 1);
-        else if constexpr (kWarpPoll)
+        else if constexpr (kByWarp)
           mbar_wait_warp(&sh.empty[nb % kStages], ((nb / kStages) & 1) ^ 1);
         else
           mbar_wait(&sh.empty[nb % kStages], ((nb / kStages) & 1) ^ 1);
       }
-      copy_block<N, G, C>(st, sh, p, nb, nb % kStages);
+      copy_block<N, G, C, kByWarp>(st, sh, p, nb, nb % kStages);
     } else {
       cp_async_commit();
     }
     cp_async_wait<kAhead>();  // this thread's copies of block kb have landed
-    __syncwarp();             // and so have the warp's: this thread's row was copied by others
+    if constexpr (kByWarp) __syncwarp();  // and so have the warp's: this thread's row was copied by others
     fold<G>(st[kb % kStages], p.s, p.lr, p.h, p.rb);
     if constexpr (!kConsumerFence) fence_proxy_async_smem();  // the codes and folded bytes visible to the wgmmas
-    // One arrival a warp (the lanes' writes ordered before it by the warp barrier): 32 arrivals
-    // on one shared word from a warp serialise (28% of the kernel's shared wavefronts were excess).
-    __syncwarp();
-    if ((threadIdx.x & 31) == 0) mbar_arrive(&sh.full[kb % kStages]);
+    if constexpr (kByWarp) {
+      // One arrival a warp (the lanes' writes ordered before it by the warp barrier): 32 arrivals
+      // on one shared word may serialise (28% of the kernel's shared wavefronts were excess).
+      __syncwarp();
+      if ((threadIdx.x & 31) == 0) mbar_arrive(&sh.full[kb % kStages]);
+    } else {
+      mbar_arrive(&sh.full[kb % kStages]);
+    }
   }
   cp_async_wait<0>();
 }
@@ -268,14 +283,14 @@ __device__ __forceinline__ void block_product(float (&c)[N / 2], const Stage& st
 
 // A consumer warpgroup: acc = slice · the tile's first N tokens over all blocks, each block's
 // sums promoted with the columns' activation scales.
-template <int N, bool kConsumerFence, int C, bool kWarpPoll>
+template <int N, bool kConsumerFence, int C, bool kByWarp>
 __device__ __forceinline__ void consume(Stage* st, Shared& sh, int slice, int nkb, float (&acc)[N / 2]) {
   float c[N / 2];
 #pragma unroll
   for (int i = 0; i < N / 2; ++i) acc[i] = 0.f;
   for (int kb = 0; kb < nkb; ++kb) {
     const int s = kb % kStages;
-    if constexpr (kWarpPoll)
+    if constexpr (kByWarp)
       mbar_wait_warp(&sh.full[s], (kb / kStages) & 1);
     else
       mbar_wait(&sh.full[s], (kb / kStages) & 1);
@@ -303,7 +318,7 @@ __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;
 // producers leave once their blocks are out; with TMA once the cluster barrier, which every
 // thread arrives at when done with the other CTAs, shows all of them past their loops, and the
 // consumers wait for it before they leave).
-template <int N, int G, bool kConsumerFence, int C, bool kWarpPoll>
+template <int N, int G, bool kConsumerFence, int C, bool kByWarp>
 __device__ __forceinline__ bool tile_product(unsigned char* smem, Shared& sh, const CtaSlices& cs, const uint8_t* xq,
                                              const float* xs, int64_t ldxs, int64_t in, float* ex,
                                              const TensorMap* map, int row0) {
@@ -317,6 +332,7 @@ __device__ __forceinline__ bool tile_product(unsigned char* smem, Shared& sh, co
     p.s = row / kSliceRows;
     p.lr = row % kSliceRows;
     p.h = threadIdx.x % G;
+    p.w = (p.s ? cs.wp[1] : cs.wp[0]) + p.lr * 64;
     const int lane = threadIdx.x & 31;
     p.cr = (threadIdx.x - lane) / G % kSliceRows + lane / 4;  // the warp's rows are all in slice p.s
     p.cpiece = lane % 4;
@@ -338,7 +354,7 @@ __device__ __forceinline__ bool tile_product(unsigned char* smem, Shared& sh, co
       }
     }
     pdl_wait();
-    produce<N, G, kConsumerFence, C, kWarpPoll>(st, sh, p, cs.sc, nkb);
+    produce<N, G, kConsumerFence, C, kByWarp>(st, sh, p, cs.sc, nkb);
     if constexpr (C > 1) {
       cluster_arrive();
       cluster_wait();
@@ -348,7 +364,7 @@ __device__ __forceinline__ bool tile_product(unsigned char* smem, Shared& sh, co
   if constexpr (G > 1) setmaxnreg_inc<R::kConsumerRegs>();
   const int ct = threadIdx.x - R::kProducers, slice = ct >> 7, wt = ct & 127;
   float acc[N / 2];
-  consume<N, kConsumerFence, C, kWarpPoll>(st, sh, slice, nkb, acc);
+  consume<N, kConsumerFence, C, kByWarp>(st, sh, slice, nkb, acc);
   if constexpr (C > 1) cluster_arrive();  // done with the other CTAs' barriers
   consumers_sync();  // every block consumed (so every copy and conversion landed): the stages are free
   const int r = 16 * (wt >> 5) + ((wt & 31) >> 2);
@@ -360,13 +376,13 @@ __device__ __forceinline__ bool tile_product(unsigned char* smem, Shared& sh, co
 // Shared state before the roles split: the tile's rows (row_of(t) for t < count, column 0's
 // past it) and the barriers (with TMA initialised for the cluster before either CTA uses the
 // other's). Returns the shared block.
-template <int G, int C, class RowOf>
+template <int G, int C, bool kByWarp, class RowOf>
 __device__ __forceinline__ Shared& setup(unsigned char* smem, int count, RowOf row_of) {
   Shared& sh = *reinterpret_cast<Shared*>(smem + kStages * sizeof(Stage));
   if (threadIdx.x < kTok) sh.rows[threadIdx.x] = row_of(threadIdx.x < count ? threadIdx.x : 0);
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(&sh.full[s], Roles<G>::kProducers / 32);
+      mbar_init(&sh.full[s], kByWarp ? Roles<G>::kProducers / 32 : Roles<G>::kProducers);
       mbar_init(&sh.empty[s], C * kConsumerWarps);
       mbar_init(&sh.codes[s], 1);
     }
@@ -386,7 +402,7 @@ __device__ __forceinline__ Shared& setup(unsigned char* smem, int count, RowOf r
 // One tile's gate/up (Args = Fp8GateUpArgs) or down (Fp8DownArgs), G producer warpgroups; C > 1:
 // in clusters of C CTAs, the codes through a.codes (__grid_constant__: the TMA reads the map
 // from the parameter space).
-template <int G, bool kConsumerFence, int C, bool kWarpPoll, class Args>
+template <int G, bool kConsumerFence, int C, bool kByWarp, class Args>
 __global__ void __launch_bounds__(Roles<G>::kThreads, 1) fp8_ws_kernel(const __grid_constant__ Args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr bool kGateUp = std::is_same_v<Args, Fp8GateUpArgs>;
@@ -394,21 +410,21 @@ __global__ void __launch_bounds__(Roles<G>::kThreads, 1) fp8_ws_kernel(const __g
   unsigned char* smem = align_1024(smem_raw);
   MoeTile t;
   if (!cta_tile(a, t)) return;  // the CTAs of a cluster hold the same tile
-  Shared& sh = setup<G, C>(smem, t.count, [&](int c) { return act_row(a, t, c); });
+  Shared& sh = setup<G, C, kByWarp>(smem, t.count, [&](int c) { return act_row(a, t, c); });
   float* ex = reinterpret_cast<float*>(smem);
   bool stores;
   if constexpr (kGateUp) {
     const CtaSlices cs = gateup_slices(a.tab, t.expert);
     stores = t.count <= 64
-                 ? tile_product<64, G, kConsumerFence, C, kWarpPoll>(smem, sh, cs, a.xq, a.xs, a.ldxs, a.d, ex, &a.codes, t.start)
-                 : tile_product<128, G, kConsumerFence, C, kWarpPoll>(smem, sh, cs, a.xq, a.xs, a.ldxs, a.d, ex, &a.codes,
+                 ? tile_product<64, G, kConsumerFence, C, kByWarp>(smem, sh, cs, a.xq, a.xs, a.ldxs, a.d, ex, &a.codes, t.start)
+                 : tile_product<128, G, kConsumerFence, C, kByWarp>(smem, sh, cs, a.xq, a.xs, a.ldxs, a.d, ex, &a.codes,
                                                               t.start);
     if (stores) store_h(ex, kExPitch, t, cs.r0, a.I, a.limit, a.H, threadIdx.x - Roles<G>::kProducers, kConsumers);
   } else {
     const CtaSlices cs = down_slices(a.tab, t.expert);
     stores = t.count <= 64
-                 ? tile_product<64, G, kConsumerFence, C, kWarpPoll>(smem, sh, cs, a.hq, a.hs, a.ldhs, a.I, ex, &a.codes, t.start)
-                 : tile_product<128, G, kConsumerFence, C, kWarpPoll>(smem, sh, cs, a.hq, a.hs, a.ldhs, a.I, ex, &a.codes,
+                 ? tile_product<64, G, kConsumerFence, C, kByWarp>(smem, sh, cs, a.hq, a.hs, a.ldhs, a.I, ex, &a.codes, t.start)
+                 : tile_product<128, G, kConsumerFence, C, kByWarp>(smem, sh, cs, a.hq, a.hs, a.ldhs, a.I, ex, &a.codes,
                                                               t.start);
     if (stores)
       store_y(ex, kExPitch, t, a.slot_pair, cs.r0, a.d, a.Y, threadIdx.x - Roles<G>::kProducers, kConsumers);
@@ -418,10 +434,10 @@ __global__ void __launch_bounds__(Roles<G>::kThreads, 1) fp8_ws_kernel(const __g
 #endif
 }
 
-template <int G, bool kConsumerFence, int C, bool kWarpPoll = false>
+template <int G, bool kConsumerFence, int C, bool kByWarp = false>
 Fp8TileKernels ws_kernels() {
-  Fp8TileKernels k{fp8_ws_kernel<G, kConsumerFence, C, kWarpPoll, Fp8GateUpArgs>,
-                   fp8_ws_kernel<G, kConsumerFence, C, kWarpPoll, Fp8DownArgs>, Roles<G>::kThreads, kSmem};
+  Fp8TileKernels k{fp8_ws_kernel<G, kConsumerFence, C, kByWarp, Fp8GateUpArgs>,
+                   fp8_ws_kernel<G, kConsumerFence, C, kByWarp, Fp8DownArgs>, Roles<G>::kThreads, kSmem};
   k.cluster = C;
   k.slot_codes = C > 1;
   return k;
@@ -440,11 +456,11 @@ __global__ void gather_slot_rows_kernel(const uint8_t* __restrict__ src, int64_t
 
 }  // namespace
 
-Fp8TileKernels fp8_ws_kernels(int producer_groups, bool consumer_fence, bool warp_poll) {
+Fp8TileKernels fp8_ws_kernels(int producer_groups, bool consumer_fence, bool by_warp) {
   DSV4_CHECK(producer_groups == 1 || producer_groups == 2, "fp8_ws_kernels: 1 or 2 producer warpgroups");
-  DSV4_CHECK(!warp_poll || (producer_groups == 1 && consumer_fence),
-             "fp8_ws_kernels: warp polls only with one producer warpgroup and the fence in the consumers");
-  if (warp_poll) return ws_kernels<1, true, 1, true>();
+  DSV4_CHECK(!by_warp || (producer_groups == 1 && consumer_fence),
+             "fp8_ws_kernels: the by-warp form only with one producer warpgroup and the fence in the consumers");
+  if (by_warp) return ws_kernels<1, true, 1, true>();
   if (producer_groups == 2) return consumer_fence ? ws_kernels<2, true, 1>() : ws_kernels<2, false, 1>();
   return consumer_fence ? ws_kernels<1, true, 1>() : ws_kernels<1, false, 1>();
 }
