@@ -350,8 +350,8 @@ if [[ "$MODE" == moe-ws || "$MODE" == moe-profile ]]; then
 fi
 
 if [[ "$MODE" == moe-ws ]]; then
-  # The warp-specialised FP8 prefill expert kernels (set_moe_wide_tiles 5-13, DSV4_MOE_PREFILL_WS
-  # 1-9: one or two producer warpgroups, the proxy fence in the producers or the consumers, the
+  # The warp-specialised FP8 prefill expert kernels (set_moe_wide_tiles 5-14, DSV4_MOE_PREFILL_WS
+  # 1-10: one or two producer warpgroups, the proxy fence in the producers or the consumers, the
   # clusters of 2 or 4 sharing codes by TMA, form 2 by warp) against the wide ones: the bitwise tests
   # (the two-producer, cluster and by-warp forms each alone under a short limit: a wrong register split or barrier count
   # hangs), bench_linear moe at MOE_WS_TOKENS (default 2048,4096,8192) for the FP8 variants that
@@ -382,11 +382,11 @@ if [[ "$MODE" == moe-ws ]]; then
       # launch at 4096 tokens (launch 2 of the kernel: after a warm-up call's gate/up and down) of
       # the by-size default run as each DSV4_MOE_PREFILL_WS form in WS_NCU_FORMS (only the default
       # variant runs: BENCH_MOE_VARIANT matches none).
-      IFS=',' read -r -a ncu_forms <<<"${WS_NCU_FORMS:-2,9}"
+      IFS=',' read -r -a ncu_forms <<<"${WS_NCU_FORMS:-2,9,10}"
       i=0
       for v in "${ncu_forms[@]}"; do
         [[ ",$skip," == *",tma,"* && "$v" =~ ^[5-8]$ ]] && continue
-        [[ ",$skip," == *",by-warp,"* && "$v" == 9 ]] && continue
+        [[ ",$skip," == *",by-warp,"* && "$v" -ge 9 ]] && continue
         DSV4_MOE_PREFILL_WS="$v" BENCH_MOE_TOKENS=4096 BENCH_MOE_VARIANT=none timeout 150 ncu --kernel-name regex:"fp8_ws_kernel" \
           --launch-skip 2 --launch-count 1 --import-source yes --section SpeedOfLight --section WarpStateStats \
           --section SchedulerStats --section Occupancy --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
@@ -399,7 +399,7 @@ if [[ "$MODE" == moe-ws ]]; then
     fi
     # e2e sides after the default (form 2): the wide kernels and the by-warp form if it passed, twice.
     ws_sides="DSV4_MOE_PREFILL_WS=0"
-    [[ ",$skip," == *",by-warp,"* ]] || ws_sides="$ws_sides;DSV4_MOE_PREFILL_WS=9"
+    [[ ",$skip," == *",by-warp,"* ]] || ws_sides="$ws_sides;DSV4_MOE_PREFILL_WS=9;DSV4_MOE_PREFILL_WS=10"
     ws_sides="$ws_sides;;$ws_sides"
     E2E_BATCHES="${E2E_BATCHES:-1}" E2E_PREFILL="${E2E_PREFILL:-8192}" E2E_AB="${WS_E2E_AB:-$ws_sides}"
     [[ "${WS_E2E:-1}" == 1 ]] && e2e_ab

@@ -373,24 +373,27 @@ const bool g_prefill_fp8 = [] {
 // Which FP8 kernels the by-size rule runs (same bits): the warp-specialised form with one producer
 // warpgroup and the proxy fence in the consumers (moe_wgmma_fp8_ws.cu, form 2: 4-6% faster than
 // the wide kernels at 4096-8192 tokens, bench/NOTES.md step 25); DSV4_MOE_PREFILL_WS=0 the wide
-// kernels (moe_wgmma_fp8_wide.cu), 1-9 another form, as set_moe_wide_tiles(4-13) forces them.
+// kernels (moe_wgmma_fp8_wide.cu), 1-10 another form, as set_moe_wide_tiles(4-14) forces them.
 const int g_prefill_ws = [] {
   const char* env = std::getenv("DSV4_MOE_PREFILL_WS");
-  return env && env[0] >= '0' && env[0] <= '9' && env[1] == 0 ? env[0] - '0' : 2;
+  if (!env) return 2;
+  const std::string v = env;
+  return v.size() == 1 && v[0] >= '0' && v[0] <= '9' ? v[0] - '0' : v == "10" ? 10 : 2;
 }();
 
 // ws form 1-8: (producer warpgroups, fence in the consumers) = (1, no), (1, yes), (2, no), (2,
 // yes); 5 / 6 and 7 / 8: one producer warpgroup in clusters of 2 and 4 sharing the codes by TMA,
-// fence no / yes; 9: form 2 by warp (whole-sector copies, one arrival and one poll a warp).
+// fence no / yes; 9: form 2 by warp (whole-sector copies, one arrival and one poll a warp), 10:
+// 9 with the token scales laid out per lane quad.
 Fp8TileKernels fp8_tile_kernels(int ws) {
   if (ws == 0) return fp8_wide_kernels();
-  if (ws == 9) return fp8_ws_kernels(1, true, true);
+  if (ws >= 9) return fp8_ws_kernels(1, true, ws - 8);
   if (ws >= 5) return fp8_ws_tma_kernels(ws >= 7 ? 4 : 2, ws % 2 == 0);
   return fp8_ws_kernels(ws > 2 ? 2 : 1, ws % 2 == 0);
 }
 
 // CTAs per cluster of ws form `ws` (1: none).
-int fp8_form_cluster(int ws) { return ws == 9 ? 1 : ws >= 7 ? 4 : ws >= 5 ? 2 : 1; }
+int fp8_form_cluster(int ws) { return ws >= 9 ? 1 : ws >= 7 ? 4 : ws >= 5 ? 2 : 1; }
 
 // Wide tiles on wgmma (moe_wgmma.cu) where the device and build have it, unless mode 1 asks
 // for the mma.sync ones.
@@ -501,9 +504,9 @@ void set_moe_decode_tile(int tokens) {
 }
 
 void set_moe_wide_tiles(int mode) {
-  DSV4_CHECK(mode >= -1 && mode <= 13,
+  DSV4_CHECK(mode >= -1 && mode <= 14,
              "set_moe_wide_tiles: -1 (8-token tiles), 0 (by size), 1 (64-token mma.sync tiles), 2 / 3 (64- / "
-             "128-token wgmma tiles), 4-13 (128-token FP8 wgmma tiles; warp-specialised in 5-13)");
+             "128-token wgmma tiles), 4-14 (128-token FP8 wgmma tiles; warp-specialised in 5-14)");
   g_wide_mode = mode;
 }
 

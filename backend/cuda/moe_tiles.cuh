@@ -135,10 +135,11 @@ Fp8TileKernels fp8_wide_kernels();
 // make the stage's generic-proxy writes (the codes' cp.async, the folded weights' stores) visible
 // to their wgmmas after their wait, instead of the producers before their arrival (whose fence may
 // also wait on their copies still in flight; bench/NOTES.md step 23).
-// by_warp (with 1, true only): each producer warp copies its rows' packed bytes as whole sectors
-// and arrives once, each warp's lane 0 polls the stage barriers for the warp (32 lanes
-// polling one word were the suspects for the 28% excess shared wavefronts, bench/NOTES.md step 25).
-Fp8TileKernels fp8_ws_kernels(int producer_groups, bool consumer_fence, bool by_warp = false);
+// by_warp (with 1, true only): 1 = each producer warp copies its rows' packed bytes as whole
+// sectors and arrives once, each warp's lane 0 polls the stage barriers for the warp (32 lanes
+// polling one word were the suspects for the 28% excess shared wavefronts, bench/NOTES.md step 25);
+// 2 = also the token scales per lane quad (half the promotion's shared loads).
+Fp8TileKernels fp8_ws_kernels(int producer_groups, bool consumer_fence, int by_warp = 0);
 // The warp-specialised kernels (one producer warpgroup) in clusters of `cluster` = 2 or 4 CTAs on
 // the same tile (adjacent row slices): the tile's activation codes arrive by TMA, each CTA reading
 // its share of every block and multicasting it into all, so each code byte leaves L2 once per

@@ -8,10 +8,11 @@
 // CTA: G producer warpgroups and two consumer warpgroups. Producer thread p owns part of weight
 // row p / G (slice row / 64: gate/up W1 and W3 of the same 64 rows; down two 64-row slices of W2):
 // per 128-block it copies its share of the row's packed FP4 bytes (4 / G of the 16-byte pieces;
-// kByWarp: its warp copies the warp's rows as whole sectors), the row's E8M0 word and a share of
+// W >= 1, by warp: its warp copies the warp's rows as whole sectors), the row's E8M0 word and a share of
 // the tile's activation codes and scales into a stage by cp.async, waits for them, writes its
 // share of the row's folded e4m3 bytes (moe_fp8_fold.cuh) into the stage's A operand in the
-// 128-byte swizzle, and arrives on the stage's full barrier (kByWarp: once a warp).
+// 128-byte swizzle, and arrives on the stage's full barrier (by warp: once a warp; W = 2 also lays
+// the token scales out per lane quad, so a consumer loads its columns' scales as float4s).
 // The consumers each wait for a stage, run their slice's four k32 steps as shared-memory wgmmas
 // (A: the converted slice, B: the codes), promote the block's sums into fp32 accumulators with
 // the column scales and release the stage (one arrival per warp on its empty barrier); they never
@@ -50,6 +51,11 @@ constexpr int kConsumers = 256, kConsumerWarps = kConsumers / 32;
 constexpr int kStages = 5;
 constexpr int kAhead = kStages - 2;  // blocks copied ahead of the one being converted
 constexpr int kExPitch = kTok + 4;   // the epilogue's [row][token] floats
+// W = 2: the scales of the columns lane quad q promotes (8 u + 2 q + b, u < kTok / 8) at q x
+// kQuadPitch + 2 u + b: contiguous per quad, quads 36 floats apart (other banks for the 4 float4
+// addresses of a warp's load).
+constexpr int kQuadPitch = kTok / 4 + 4;
+__host__ __device__ constexpr int quad_slot(int t) { return ((t >> 1) & 3) * kQuadPitch + 2 * (t >> 3) + (t & 1); }
 
 // G producer warpgroups: threads, producers, pieces of a row per producer, and for G = 2 the
 // registers each role takes (setmaxnreg; the two shares sum to the pool of 128 a thread).
@@ -70,7 +76,7 @@ struct alignas(1024) Stage {
   uint8_t act[kTok * 128];
   uint8_t a[2][kSliceRows * 128];
   uint8_t w[2][kSliceRows][64];
-  float xs[kTok];
+  float xs[4 * kQuadPitch];  // the tokens' scales: token t at t, or with W = 2 at quad_slot(t)
   uint32_t e[2][kSliceRows][2];
 };
 struct Shared {  // after the stages (the epilogue reuses those)
@@ -118,11 +124,11 @@ struct Producer {
 
 // Block kb into stage `si`: this thread's share of the codes (with TMA: thread 0 of each CTA
 // loads its share of the boxes into all C CTAs of the cluster), one token scale (threads < N),
-// kPieces pieces of its row (kByWarp: of its warp's rows) and its row's E8M0 word; one cp.async
+// kPieces pieces of its row (W >= 1: of its warp's rows) and its row's E8M0 word; one cp.async
 // group. By warp, copy k of a warp moves 8 whole 64-byte rows (4 lanes a row), so no request reads
 // half a sector (by owner, 32 rows x 16 bytes: 35% of the kernel's L2 sectors were excess,
 // bench/NOTES.md step 25); the owner then reads its row after a __syncwarp.
-template <int N, int G, int C, bool kByWarp>
+template <int N, int G, int C, int W>
 __device__ __forceinline__ void copy_block(Stage* st, Shared& sh, const Producer<N, G>& p, int kb, int si) {
   constexpr int P = Roles<G>::kProducers, kPieces = Roles<G>::kPieces;
   const int t0 = threadIdx.x;
@@ -141,8 +147,8 @@ __device__ __forceinline__ void copy_block(Stage* st, Shared& sh, const Producer
       cp_async16(stage.act + t * 128 + ((c ^ (t & 7)) << 4), p.xq + kb * 128 + p.off[n]);
     }
   }
-  if (t0 < N) cp_async4(&stage.xs[t0], p.xs + kb * p.ldxs + p.rows[t0]);
-  if constexpr (kByWarp) {
+  if (t0 < N) cp_async4(&stage.xs[W >= 2 ? quad_slot(t0) : t0], p.xs + kb * p.ldxs + p.rows[t0]);
+  if constexpr (W >= 1) {
     const uint8_t* w = p.wc + static_cast<int64_t>(kb) * kPackedBlockStride;
 #pragma unroll
     for (int k = 0; k < kPieces; ++k)
@@ -224,11 +230,11 @@ __device__ __forceinline__ void fold(Stage& st, int s, int lr, int h, const RowB
 // barrier's arrival. A stage is refilled once both consumers released the block it held (with TMA:
 // the consumers of all C CTAs, whose stages the copy writes). The row's exponent base is found
 // while the first copies are in flight.
-template <int N, int G, bool kConsumerFence, int C, bool kByWarp>
+template <int N, int G, bool kConsumerFence, int C, int W>
 __device__ __forceinline__ void produce(Stage* st, Shared& sh, Producer<N, G>& p, int64_t sc, int nkb) {
   for (int b = 0; b < kAhead; ++b) {
     if (b < nkb)
-      copy_block<N, G, C, kByWarp>(st, sh, p, b, b);
+      copy_block<N, G, C, W>(st, sh, p, b, b);
     else
       cp_async_commit();
   }
@@ -240,20 +246,20 @@ __device__ __forceinline__ void produce(Stage* st, Shared& sh, Producer<N, G>& p
       if (nb >= kStages) {
         if constexpr (C > 1)
           mbar_wait_cluster(&sh.empty[nb % kStages], ((nb / kStages) & 1) ^ 1);
-        else if constexpr (kByWarp)
+        else if constexpr (W >= 1)
           mbar_wait_warp(&sh.empty[nb % kStages], ((nb / kStages) & 1) ^ 1);
         else
           mbar_wait(&sh.empty[nb % kStages], ((nb / kStages) & 1) ^ 1);
       }
-      copy_block<N, G, C, kByWarp>(st, sh, p, nb, nb % kStages);
+      copy_block<N, G, C, W>(st, sh, p, nb, nb % kStages);
     } else {
       cp_async_commit();
     }
     cp_async_wait<kAhead>();  // this thread's copies of block kb have landed
-    if constexpr (kByWarp) __syncwarp();  // and so have the warp's: this thread's row was copied by others
+    if constexpr (W >= 1) __syncwarp();  // and so have the warp's: this thread's row was copied by others
     fold<G>(st[kb % kStages], p.s, p.lr, p.h, p.rb);
     if constexpr (!kConsumerFence) fence_proxy_async_smem();  // the codes and folded bytes visible to the wgmmas
-    if constexpr (kByWarp) {
+    if constexpr (W >= 1) {
       // One arrival a warp (the lanes' writes ordered before it by the warp barrier): 32 arrivals
       // on one shared word may serialise (28% of the kernel's shared wavefronts were excess).
       __syncwarp();
@@ -281,23 +287,46 @@ __device__ __forceinline__ void block_product(float (&c)[N / 2], const Stage& st
   wgmma_pin(c);
 }
 
+// promote (moe_fp8_fold.cuh) from the per-quad layout: the same products in the same order, half
+// the loads (16 LDS.64 a thread and block at N = 128 were a tenth of the shared wavefronts).
+template <int N>
+__device__ __forceinline__ void promote_quad(const float (&c)[N / 2], const float* xs, float (&acc)[N / 2]) {
+  const float* mine = xs + (threadIdx.x & 3) * kQuadPitch;
+#pragma unroll
+  for (int i = 0; i < N / 16; ++i) {
+    const float4 v = *reinterpret_cast<const float4*>(mine + 4 * i);
+    const int a = 8 * i;  // accumulators of u = 2 i (v.x, v.y) and u = 2 i + 1 (v.z, v.w)
+    acc[a + 0] = fmaf(c[a + 0], v.x, acc[a + 0]);
+    acc[a + 1] = fmaf(c[a + 1], v.y, acc[a + 1]);
+    acc[a + 2] = fmaf(c[a + 2], v.x, acc[a + 2]);
+    acc[a + 3] = fmaf(c[a + 3], v.y, acc[a + 3]);
+    acc[a + 4] = fmaf(c[a + 4], v.z, acc[a + 4]);
+    acc[a + 5] = fmaf(c[a + 5], v.w, acc[a + 5]);
+    acc[a + 6] = fmaf(c[a + 6], v.z, acc[a + 6]);
+    acc[a + 7] = fmaf(c[a + 7], v.w, acc[a + 7]);
+  }
+}
+
 // A consumer warpgroup: acc = slice · the tile's first N tokens over all blocks, each block's
 // sums promoted with the columns' activation scales.
-template <int N, bool kConsumerFence, int C, bool kByWarp>
+template <int N, bool kConsumerFence, int C, int W>
 __device__ __forceinline__ void consume(Stage* st, Shared& sh, int slice, int nkb, float (&acc)[N / 2]) {
   float c[N / 2];
 #pragma unroll
   for (int i = 0; i < N / 2; ++i) acc[i] = 0.f;
   for (int kb = 0; kb < nkb; ++kb) {
     const int s = kb % kStages;
-    if constexpr (kByWarp)
+    if constexpr (W >= 1)
       mbar_wait_warp(&sh.full[s], (kb / kStages) & 1);
     else
       mbar_wait(&sh.full[s], (kb / kStages) & 1);
     if constexpr (C > 1) mbar_wait(&sh.codes[s], (kb / kStages) & 1);  // every share of the codes
     if constexpr (kConsumerFence) fence_proxy_async_smem();  // what the producers wrote, to the wgmmas
     block_product<N>(c, st[s], slice);
-    promote<N>(c, st[s].xs, acc);
+    if constexpr (W >= 2)
+      promote_quad<N>(c, st[s].xs, acc);
+    else
+      promote<N>(c, st[s].xs, acc);
     __syncwarp();
     if ((threadIdx.x & 31) == 0) {
       if constexpr (C > 1) {
@@ -318,7 +347,7 @@ __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;
 // producers leave once their blocks are out; with TMA once the cluster barrier, which every
 // thread arrives at when done with the other CTAs, shows all of them past their loops, and the
 // consumers wait for it before they leave).
-template <int N, int G, bool kConsumerFence, int C, bool kByWarp>
+template <int N, int G, bool kConsumerFence, int C, int W>
 __device__ __forceinline__ bool tile_product(unsigned char* smem, Shared& sh, const CtaSlices& cs, const uint8_t* xq,
                                              const float* xs, int64_t ldxs, int64_t in, float* ex,
                                              const TensorMap* map, int row0) {
@@ -354,7 +383,7 @@ __device__ __forceinline__ bool tile_product(unsigned char* smem, Shared& sh, co
       }
     }
     pdl_wait();
-    produce<N, G, kConsumerFence, C, kByWarp>(st, sh, p, cs.sc, nkb);
+    produce<N, G, kConsumerFence, C, W>(st, sh, p, cs.sc, nkb);
     if constexpr (C > 1) {
       cluster_arrive();
       cluster_wait();
@@ -364,7 +393,7 @@ __device__ __forceinline__ bool tile_product(unsigned char* smem, Shared& sh, co
   if constexpr (G > 1) setmaxnreg_inc<R::kConsumerRegs>();
   const int ct = threadIdx.x - R::kProducers, slice = ct >> 7, wt = ct & 127;
   float acc[N / 2];
-  consume<N, kConsumerFence, C, kByWarp>(st, sh, slice, nkb, acc);
+  consume<N, kConsumerFence, C, W>(st, sh, slice, nkb, acc);
   if constexpr (C > 1) cluster_arrive();  // done with the other CTAs' barriers
   consumers_sync();  // every block consumed (so every copy and conversion landed): the stages are free
   const int r = 16 * (wt >> 5) + ((wt & 31) >> 2);
@@ -376,13 +405,13 @@ __device__ __forceinline__ bool tile_product(unsigned char* smem, Shared& sh, co
 // Shared state before the roles split: the tile's rows (row_of(t) for t < count, column 0's
 // past it) and the barriers (with TMA initialised for the cluster before either CTA uses the
 // other's). Returns the shared block.
-template <int G, int C, bool kByWarp, class RowOf>
+template <int G, int C, int W, class RowOf>
 __device__ __forceinline__ Shared& setup(unsigned char* smem, int count, RowOf row_of) {
   Shared& sh = *reinterpret_cast<Shared*>(smem + kStages * sizeof(Stage));
   if (threadIdx.x < kTok) sh.rows[threadIdx.x] = row_of(threadIdx.x < count ? threadIdx.x : 0);
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(&sh.full[s], kByWarp ? Roles<G>::kProducers / 32 : Roles<G>::kProducers);
+      mbar_init(&sh.full[s], W >= 1 ? Roles<G>::kProducers / 32 : Roles<G>::kProducers);
       mbar_init(&sh.empty[s], C * kConsumerWarps);
       mbar_init(&sh.codes[s], 1);
     }
@@ -402,7 +431,7 @@ __device__ __forceinline__ Shared& setup(unsigned char* smem, int count, RowOf r
 // One tile's gate/up (Args = Fp8GateUpArgs) or down (Fp8DownArgs), G producer warpgroups; C > 1:
 // in clusters of C CTAs, the codes through a.codes (__grid_constant__: the TMA reads the map
 // from the parameter space).
-template <int G, bool kConsumerFence, int C, bool kByWarp, class Args>
+template <int G, bool kConsumerFence, int C, int W, class Args>
 __global__ void __launch_bounds__(Roles<G>::kThreads, 1) fp8_ws_kernel(const __grid_constant__ Args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr bool kGateUp = std::is_same_v<Args, Fp8GateUpArgs>;
@@ -410,21 +439,21 @@ __global__ void __launch_bounds__(Roles<G>::kThreads, 1) fp8_ws_kernel(const __g
   unsigned char* smem = align_1024(smem_raw);
   MoeTile t;
   if (!cta_tile(a, t)) return;  // the CTAs of a cluster hold the same tile
-  Shared& sh = setup<G, C, kByWarp>(smem, t.count, [&](int c) { return act_row(a, t, c); });
+  Shared& sh = setup<G, C, W>(smem, t.count, [&](int c) { return act_row(a, t, c); });
   float* ex = reinterpret_cast<float*>(smem);
   bool stores;
   if constexpr (kGateUp) {
     const CtaSlices cs = gateup_slices(a.tab, t.expert);
     stores = t.count <= 64
-                 ? tile_product<64, G, kConsumerFence, C, kByWarp>(smem, sh, cs, a.xq, a.xs, a.ldxs, a.d, ex, &a.codes, t.start)
-                 : tile_product<128, G, kConsumerFence, C, kByWarp>(smem, sh, cs, a.xq, a.xs, a.ldxs, a.d, ex, &a.codes,
+                 ? tile_product<64, G, kConsumerFence, C, W>(smem, sh, cs, a.xq, a.xs, a.ldxs, a.d, ex, &a.codes, t.start)
+                 : tile_product<128, G, kConsumerFence, C, W>(smem, sh, cs, a.xq, a.xs, a.ldxs, a.d, ex, &a.codes,
                                                               t.start);
     if (stores) store_h(ex, kExPitch, t, cs.r0, a.I, a.limit, a.H, threadIdx.x - Roles<G>::kProducers, kConsumers);
   } else {
     const CtaSlices cs = down_slices(a.tab, t.expert);
     stores = t.count <= 64
-                 ? tile_product<64, G, kConsumerFence, C, kByWarp>(smem, sh, cs, a.hq, a.hs, a.ldhs, a.I, ex, &a.codes, t.start)
-                 : tile_product<128, G, kConsumerFence, C, kByWarp>(smem, sh, cs, a.hq, a.hs, a.ldhs, a.I, ex, &a.codes,
+                 ? tile_product<64, G, kConsumerFence, C, W>(smem, sh, cs, a.hq, a.hs, a.ldhs, a.I, ex, &a.codes, t.start)
+                 : tile_product<128, G, kConsumerFence, C, W>(smem, sh, cs, a.hq, a.hs, a.ldhs, a.I, ex, &a.codes,
                                                               t.start);
     if (stores)
       store_y(ex, kExPitch, t, a.slot_pair, cs.r0, a.d, a.Y, threadIdx.x - Roles<G>::kProducers, kConsumers);
@@ -434,10 +463,10 @@ __global__ void __launch_bounds__(Roles<G>::kThreads, 1) fp8_ws_kernel(const __g
 #endif
 }
 
-template <int G, bool kConsumerFence, int C, bool kByWarp = false>
+template <int G, bool kConsumerFence, int C, int W = 0>
 Fp8TileKernels ws_kernels() {
-  Fp8TileKernels k{fp8_ws_kernel<G, kConsumerFence, C, kByWarp, Fp8GateUpArgs>,
-                   fp8_ws_kernel<G, kConsumerFence, C, kByWarp, Fp8DownArgs>, Roles<G>::kThreads, kSmem};
+  Fp8TileKernels k{fp8_ws_kernel<G, kConsumerFence, C, W, Fp8GateUpArgs>,
+                   fp8_ws_kernel<G, kConsumerFence, C, W, Fp8DownArgs>, Roles<G>::kThreads, kSmem};
   k.cluster = C;
   k.slot_codes = C > 1;
   return k;
@@ -456,11 +485,12 @@ __global__ void gather_slot_rows_kernel(const uint8_t* __restrict__ src, int64_t
 
 }  // namespace
 
-Fp8TileKernels fp8_ws_kernels(int producer_groups, bool consumer_fence, bool by_warp) {
+Fp8TileKernels fp8_ws_kernels(int producer_groups, bool consumer_fence, int by_warp) {
   DSV4_CHECK(producer_groups == 1 || producer_groups == 2, "fp8_ws_kernels: 1 or 2 producer warpgroups");
-  DSV4_CHECK(!by_warp || (producer_groups == 1 && consumer_fence),
-             "fp8_ws_kernels: the by-warp form only with one producer warpgroup and the fence in the consumers");
-  if (by_warp) return ws_kernels<1, true, 1, true>();
+  DSV4_CHECK(by_warp >= 0 && by_warp <= 2 && (by_warp == 0 || (producer_groups == 1 && consumer_fence)),
+             "fp8_ws_kernels: the by-warp forms (1, 2) only with one producer warpgroup and the fence in the consumers");
+  if (by_warp == 2) return ws_kernels<1, true, 1, 2>();
+  if (by_warp == 1) return ws_kernels<1, true, 1, 1>();
   if (producer_groups == 2) return consumer_fence ? ws_kernels<2, true, 1>() : ws_kernels<2, false, 1>();
   return consumer_fence ? ws_kernels<1, true, 1>() : ws_kernels<1, false, 1>();
 }

@@ -605,10 +605,11 @@ TEST(CudaMoe, Fp8WarpSpecialisedTilesMatchWide) {
 }
 
 // Mode 6 by warp: the packed weights copied by warp (whole sectors, the owner reads its row after
-// a warp barrier), one full-barrier arrival and one poll a warp.
+// a warp barrier), one full-barrier arrival and one poll a warp; 14 also with the token scales per
+// lane quad (the promotion's float4 loads).
 TEST(CudaMoe, Fp8WarpSpecialisedByWarpMatchesWide) {
   DSV4_REQUIRE_WGMMA_TILES();
-  expect_ws_matches_wide({13});
+  expect_ws_matches_wide({13, 14});
 }
 
 // The by-size rule at prefill sizes (~75 and ~175 tokens an expert) runs a warp-specialised form
