@@ -314,10 +314,6 @@ void bench_moe() {
         tiles.push_back({0, 3, 6, 0, 0, " 128-token fp8 ws consumer-fence tiles"});
         tiles.push_back({0, 3, 7, 0, 0, " 128-token fp8 ws2 tiles"});
         tiles.push_back({0, 3, 8, 0, 0, " 128-token fp8 ws2 consumer-fence tiles"});
-        tiles.push_back({0, 3, 9, 0, 0, " 128-token fp8 ws tma tiles"});
-        tiles.push_back({0, 3, 10, 0, 0, " 128-token fp8 ws tma consumer-fence tiles"});
-        tiles.push_back({0, 3, 11, 0, 0, " 128-token fp8 ws tma4 tiles"});
-        tiles.push_back({0, 3, 12, 0, 0, " 128-token fp8 ws tma4 consumer-fence tiles"});
         tiles.push_back({0, 3, 13, 0, 0, " 128-token fp8 ws consumer-fence by-warp tiles"});
         tiles.push_back({0, 3, 14, 0, 0, " 128-token fp8 ws consumer-fence by-warp quad-scales tiles"});
       }

@@ -1,4 +1,4 @@
-// Shared-memory mbarriers (sm_90) for producer / consumer hand-offs inside a CTA or a cluster: a barrier
+// Shared-memory mbarriers (sm_90) for producer / consumer hand-offs inside a CTA: a barrier
 // completes a phase when its count of arrivals is reached, and waiters name the phase by its
 // parity (phase n completes with parity n % 2). Arrive has release and the wait acquire
 // semantics at CTA scope, so what a thread wrote before arriving is visible to a thread that
@@ -26,25 +26,6 @@ __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
   asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(smem_addr(bar)) : "memory");
 }
 
-// One arrival that also expects `bytes` more of asynchronous copies (TMA) to complete this phase.
-// The copies may complete some of their bytes before this runs: the phase cannot end while this
-// arrival is missing.
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(smem_addr(bar)),
-               "r"(bytes)
-               : "memory");
-}
-
-// An arrival on the barrier at bar's offset in CTA `rank` of the cluster (this CTA's own rank
-// included), with release at cluster scope.
-__device__ __forceinline__ void mbar_arrive_cluster(uint64_t* bar, uint32_t rank) {
-  asm volatile(
-      "{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\nmbarrier.arrive.release.cluster.shared::cluster.b64 _, "
-      "[ra];\n}\n" ::"r"(smem_addr(bar)),
-      "r"(rank)
-      : "memory");
-}
-
 // Returns once the phase of the given parity has completed.
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
   uint32_t done;
@@ -62,19 +43,6 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
 __device__ __forceinline__ void mbar_wait_warp(uint64_t* bar, uint32_t parity) {
   if ((threadIdx.x & 31) == 0) mbar_wait(bar, parity);
   __syncwarp();
-}
-
-// The same with acquire at cluster scope: for phases completed by other CTAs' arrivals.
-__device__ __forceinline__ void mbar_wait_cluster(uint64_t* bar, uint32_t parity) {
-  uint32_t done;
-  do {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, "
-        "p;\n}\n"
-        : "=r"(done)
-        : "r"(smem_addr(bar)), "r"(parity)
-        : "memory");
-  } while (!done);
 }
 
 }  // namespace dsv4::cuda::detail

@@ -351,15 +351,13 @@ void combine(const float* Y, const int32_t* experts, const float* weights, int64
 }
 
 // One of the FP8 prefill kernels (a set's gate/up or down) over grid_x CTAs per tile, as a
-// programmatic dependent of the launch before (in the set's clusters).
+// programmatic dependent of the launch before.
 template <typename Kernel, typename... Args>
 void launch_fp8_tiles(Kernel kernel, const Fp8TileKernels& k, int64_t grid_x, unsigned max_tiles, cudaStream_t s,
                       Args&&... args) {
-  DSV4_CHECK(grid_x % k.cluster == 0, "MoeRunner: the clustered FP8 prefill tiles need d / 128 and I / 64 to be "
-             "multiples of ", k.cluster);
   DSV4_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(k.smem)));
-  launch_dependent_clustered(kernel, dim3(static_cast<unsigned>(grid_x), max_tiles), dim3(k.threads), k.smem,
-                             static_cast<unsigned>(k.cluster), s, std::forward<Args>(args)...);
+  launch_dependent(kernel, dim3(static_cast<unsigned>(grid_x), max_tiles), dim3(k.threads), k.smem, s,
+                   std::forward<Args>(args)...);
 }
 
 int g_wide_mode = 0;  // set_moe_wide_tiles
@@ -373,7 +371,8 @@ const bool g_prefill_fp8 = [] {
 // Which FP8 kernels the by-size rule runs (same bits): the warp-specialised form with one producer
 // warpgroup and the proxy fence in the consumers (moe_wgmma_fp8_ws.cu, form 2: 4-6% faster than
 // the wide kernels at 4096-8192 tokens, bench/NOTES.md step 25); DSV4_MOE_PREFILL_WS=0 the wide
-// kernels (moe_wgmma_fp8_wide.cu), 1-10 another form, as set_moe_wide_tiles(4-14) forces them.
+// kernels (moe_wgmma_fp8_wide.cu), 1-4 and 9-10 another form, as set_moe_wide_tiles(4-8, 13-14)
+// forces them (5-8 / 9-12: the clustered forms, removed in step 25).
 const int g_prefill_ws = [] {
   const char* env = std::getenv("DSV4_MOE_PREFILL_WS");
   if (!env) return 2;
@@ -381,19 +380,17 @@ const int g_prefill_ws = [] {
   return v.size() == 1 && v[0] >= '0' && v[0] <= '9' ? v[0] - '0' : v == "10" ? 10 : 2;
 }();
 
-// ws form 1-8: (producer warpgroups, fence in the consumers) = (1, no), (1, yes), (2, no), (2,
-// yes); 5 / 6 and 7 / 8: one producer warpgroup in clusters of 2 and 4 sharing the codes by TMA,
-// fence no / yes; 9: form 2 by warp (whole-sector copies, one arrival and one poll a warp), 10:
-// 9 with the token scales laid out per lane quad.
+// ws form 1-4: (producer warpgroups, fence in the consumers) = (1, no), (1, yes), (2, no), (2,
+// yes); 9: form 2 by warp (whole-sector copies, one arrival and one poll a warp), 10: 9 with the
+// token scales laid out per lane quad. 5-8 were the clustered TMA forms (removed: 1.8-2.9x slower,
+// bench/NOTES.md step 25).
 Fp8TileKernels fp8_tile_kernels(int ws) {
+  DSV4_CHECK(ws < 5 || ws > 8, "MoeRunner: FP8 prefill form ", ws, " (DSV4_MOE_PREFILL_WS / set_moe_wide_tiles(",
+             ws + 4, ")) was a clustered TMA form, removed after it measured 1.8-2.9x slower (bench/NOTES.md step 25)");
   if (ws == 0) return fp8_wide_kernels();
   if (ws >= 9) return fp8_ws_kernels(1, true, ws - 8);
-  if (ws >= 5) return fp8_ws_tma_kernels(ws >= 7 ? 4 : 2, ws % 2 == 0);
   return fp8_ws_kernels(ws > 2 ? 2 : 1, ws % 2 == 0);
 }
-
-// CTAs per cluster of ws form `ws` (1: none).
-int fp8_form_cluster(int ws) { return ws >= 9 ? 1 : ws >= 7 ? 4 : ws >= 5 ? 2 : 1; }
 
 // Wide tiles on wgmma (moe_wgmma.cu) where the device and build have it, unless mode 1 asks
 // for the mma.sync ones.
@@ -461,7 +458,7 @@ struct MoeRunner::Impl {
     bool packed = false;   // weights re-laid by pack_fp4_for_mma: tensor-core path only
   };
   std::map<std::pair<const void*, size_t>, Table> tables;
-  DeviceBuffer slot_pair, tiles, n_tiles, H, G, V, Y, xq, xq8, xg8, xsc, hq8, hsc, xb, hb;
+  DeviceBuffer slot_pair, tiles, n_tiles, H, G, V, Y, xq, xq8, xsc, hq8, hsc, xb, hb;
   bool poison = false;  // set_poison_scratch
 
   Table& table(const ExpertSet& set) {
@@ -504,9 +501,10 @@ void set_moe_decode_tile(int tokens) {
 }
 
 void set_moe_wide_tiles(int mode) {
-  DSV4_CHECK(mode >= -1 && mode <= 14,
+  DSV4_CHECK(mode >= -1 && mode <= 14 && (mode < 9 || mode > 12),
              "set_moe_wide_tiles: -1 (8-token tiles), 0 (by size), 1 (64-token mma.sync tiles), 2 / 3 (64- / "
-             "128-token wgmma tiles), 4-14 (128-token FP8 wgmma tiles; warp-specialised in 5-14)");
+             "128-token wgmma tiles), 4-8 and 13-14 (128-token FP8 wgmma tiles; warp-specialised from 5; 9-12, the "
+             "clustered TMA forms, were removed after measuring 1.8-2.9x slower)");
   g_wide_mode = mode;
 }
 
@@ -684,28 +682,15 @@ void MoeRunner::run_impl(const ExpertSet& set, const float* x, int64_t R, const 
     uint8_t *xq = m.xq8.as<uint8_t>(), *hq = m.hq8.as<uint8_t>();
     float *xs = m.xsc.as<float>(), *hs = m.hsc.as<float>();
     act_quant_fp8_wgmma_b(x, R, d, d, xq, d, xs, s);
-    // The clustered forms group adjacent row slices: by size, shapes whose slice counts the
-    // cluster does not divide take the wide kernels (same bits); forced, an error names the shape.
-    const int cl = fp8_form_cluster(fp8_ws);
-    const bool uneven = (I / 64) % cl != 0 || (d / 128) % cl != 0;
-    DSV4_CHECK(!uneven || g_wide_mode == 0, "MoeRunner: set_moe_wide_tiles(", g_wide_mode, ") groups row slices in "
-               "clusters of ", cl, ": needs I / 64 and d / 128 multiples of it (I = ", I, ", d = ", d, ")");
-    const Fp8TileKernels k = fp8_tile_kernels(uneven ? 0 : fp8_ws);
+    const Fp8TileKernels k = fp8_tile_kernels(fp8_ws);
     DSV4_CHECK(wgmma_available() && d % 128 == 0 && I % 128 == 0 && R * d < int64_t{UINT32_MAX} &&
                    pairs * I < int64_t{UINT32_MAX},
                "MoeRunner: FP8 prefill tiles need an sm_90a device and build, d and I multiples of 128 and "
                "activations within 32-bit offsets");
-    Fp8GateUpArgs gate_up{tab, tiles, nt, sp, static_cast<int>(K), xq, xs, R, d, I, limit, H, {}};
-    Fp8DownArgs down{tab, tiles, nt, sp, hq, hs, pairs, d, I, Y, {}};
-    if (k.slot_codes) {  // the TMA form reads the tokens' codes in slot order, hq as it is
-      grow(m.xg8, pairs * d);
-      gather_slot_rows(xq, d, sp, static_cast<int>(K), pairs, d, m.xg8.as<uint8_t>(), s);
-      gate_up.codes = byte_rows_map_sw128(m.xg8.as<uint8_t>(), d, pairs, 128, kMoeFp8TmaBoxRows);
-      down.codes = byte_rows_map_sw128(hq, I, pairs, 128, kMoeFp8TmaBoxRows);
-    }
-    launch_fp8_tiles(k.gateup, k, I / 64, max_tiles, s, gate_up);
+    launch_fp8_tiles(k.gateup, k, I / 64, max_tiles, s,
+                     Fp8GateUpArgs{tab, tiles, nt, sp, static_cast<int>(K), xq, xs, R, d, I, limit, H});
     act_quant_fp8_wgmma_b(H, pairs, I, I, hq, I, hs, s);
-    launch_fp8_tiles(k.down, k, d / 128, max_tiles, s, down);
+    launch_fp8_tiles(k.down, k, d / 128, max_tiles, s, Fp8DownArgs{tab, tiles, nt, sp, hq, hs, pairs, d, I, Y});
     finish(Y);
     return;
   }

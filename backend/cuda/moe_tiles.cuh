@@ -7,7 +7,6 @@
 #include <cstdint>
 
 #include "backend/cuda/linear_kernels.cuh"
-#include "backend/cuda/tensor_map.h"
 
 namespace dsv4::cuda::detail {
 
@@ -93,11 +92,8 @@ void fp8_decode_down(int tile_tokens, const DevWeight* tab, const MoeTile* tiles
 // producer warpgroup copies and converts, two consumers run the wgmmas). Gate/up: one CTA per 64
 // rows of h and tile (H[slot, i] = swiglu(W1 x, W3 x)); down: one per 128 rows of y and tile
 // (Y[pair, :] = W2 h[slot]); both launched as programmatic dependents (moe.cu). Need
-// wgmma_available(), d and I multiples of 128. codes: the kernels of fp8_ws_tma_kernels read the
-// activation codes through it (gate/up: the codes gathered into slot order by gather_slot_rows;
-// down: hq; boxes of 32 rows x 128 bytes, byte_rows_map_sw128); the others ignore it.
+// wgmma_available(), d and I multiples of 128.
 constexpr int kMoeFp8WideTokens = 128;
-constexpr int kMoeFp8TmaBoxRows = 32;
 struct Fp8GateUpArgs {
   const DevWeight* tab;
   const MoeTile* tiles;
@@ -108,7 +104,6 @@ struct Fp8GateUpArgs {
   int64_t ldxs, d, I;
   float limit;
   float* H;
-  TensorMap codes;
 };
 struct Fp8DownArgs {
   const DevWeight* tab;
@@ -118,17 +113,12 @@ struct Fp8DownArgs {
   const float* hs;
   int64_t ldhs, d, I;
   float* Y;
-  TensorMap codes;
 };
-// cluster: CTAs per cluster along x (the grid's x extents must be multiples); slot_codes: gate/up
-// reads the codes in slot order through Fp8GateUpArgs::codes (down: hq through Fp8DownArgs::codes).
 struct Fp8TileKernels {
   void (*gateup)(Fp8GateUpArgs);
   void (*down)(Fp8DownArgs);
   int threads;
   size_t smem;
-  int cluster = 1;
-  bool slot_codes = false;
 };
 Fp8TileKernels fp8_wide_kernels();
 // producer_groups: 1 or 2 producer warpgroups (384 / 512 threads); consumer_fence: the consumers
@@ -140,15 +130,6 @@ Fp8TileKernels fp8_wide_kernels();
 // polling one word were the suspects for the 28% excess shared wavefronts, bench/NOTES.md step 25);
 // 2 = also the token scales per lane quad (half the promotion's shared loads).
 Fp8TileKernels fp8_ws_kernels(int producer_groups, bool consumer_fence, int by_warp = 0);
-// The warp-specialised kernels (one producer warpgroup) in clusters of `cluster` = 2 or 4 CTAs on
-// the same tile (adjacent row slices): the tile's activation codes arrive by TMA, each CTA reading
-// its share of every block and multicasting it into all, so each code byte leaves L2 once per
-// cluster instead of once per CTA (bench/NOTES.md step 24). Same bits as the other sets.
-Fp8TileKernels fp8_ws_tma_kernels(int cluster, bool consumer_fence);
-// dst[slot] = src[slot_pair[slot] / K], `bytes` of each row (ld: src's row pitch; dst's is bytes;
-// bytes % 16 == 0, both 16-byte aligned): the tokens' codes in slot order for a tensor map.
-void gather_slot_rows(const uint8_t* src, int64_t ld, const int32_t* slot_pair, int K, int64_t slots, int64_t bytes,
-                      uint8_t* dst, cudaStream_t s);
 // h = silu(min(g, L)) * clamp(v, ±L) (limit <= 0: plain SwiGLU), every expert kernel's epilogue.
 __device__ __forceinline__ float swiglu_clamped(float g, float v, float limit) {
   if (limit > 0.f) {

@@ -20,18 +20,14 @@
 // Copies run kAhead blocks ahead of the block being converted, the conversion up to two blocks
 // ahead of the consumers. G = 2 (512 threads) gives the conversion twice the warps to hide its
 // latency; its registers come from the consumers' share by setmaxnreg (the pool is 128 a thread).
-// C > 1: the codes are two thirds of every block's copies, and every row slice of a tile re-reads
-// them (bench/NOTES.md step 15, run 13: copying them twice cost 15%). Here C CTAs of one tile
-// (adjacent row slices) form a cluster; thread 0 of each loads its share of the block's codes by
-// TMA (slot-ordered rows, the 128-byte swizzle applied by the copy) into all C CTAs' stages, which
-// count the bytes on a codes barrier; the consumers release a stage on every CTA's empty barrier,
-// since the others' next copies write into it.
+// (Clusters of 2 or 4 CTAs of a tile sharing its codes by TMA multicast ran 1.8x / 2.9x slower —
+// the kernel is bound by shared-memory wavefronts, not by L2 — and were removed: bench/NOTES.md
+// step 25, code at 1c59c9f.)
 #include <cuda_runtime.h>
 
 #include <type_traits>
 
 #include "backend/cuda/check.h"
-#include "backend/cuda/cluster.cuh"
 #include "backend/cuda/cp_async.cuh"
 #include "backend/cuda/device.h"
 #include "backend/cuda/mbarrier.cuh"
@@ -80,7 +76,7 @@ struct alignas(1024) Stage {
   uint32_t e[2][kSliceRows][2];
 };
 struct Shared {  // after the stages (the epilogue reuses those)
-  uint64_t full[kStages], empty[kStages], codes[kStages];
+  uint64_t full[kStages], empty[kStages];
   int32_t rows[kTok];
   float row_scale[kRows];
 };
@@ -102,8 +98,7 @@ __device__ __forceinline__ void setmaxnreg_dec() {
 }
 
 // What a producer thread copies and converts: its part h of row lr of slice s (pieces h x kPieces
-// on), the activation codes' offsets of its chunks (token row x ld + 16 c), the tile's rows; with
-// TMA the codes' map, the tile's first slot and the CTA's cluster rank instead of the offsets.
+// on), the activation codes' offsets of its chunks (token row x ld + 16 c), the tile's rows.
 template <int N, int G>
 struct Producer {
   int s, lr, h;
@@ -117,35 +112,21 @@ struct Producer {
   int64_t ldxs;
   const int32_t* rows;
   RowBase rb;
-  const TensorMap* map;
-  int row0;
-  uint32_t rank;
 };
 
-// Block kb into stage `si`: this thread's share of the codes (with TMA: thread 0 of each CTA
-// loads its share of the boxes into all C CTAs of the cluster), one token scale (threads < N),
+// Block kb into stage `si`: this thread's share of the codes, one token scale (threads < N),
 // kPieces pieces of its row (W >= 1: of its warp's rows) and its row's E8M0 word; one cp.async
 // group. By warp, copy k of a warp moves 8 whole 64-byte rows (4 lanes a row), so no request reads
 // half a sector (by owner, 32 rows x 16 bytes: 35% of the kernel's L2 sectors were excess,
 // bench/NOTES.md step 25); the owner then reads its row after a __syncwarp.
-template <int N, int G, int C, int W>
-__device__ __forceinline__ void copy_block(Stage* st, Shared& sh, const Producer<N, G>& p, int kb, int si) {
+template <int N, int G, int W>
+__device__ __forceinline__ void copy_block(Stage& stage, const Producer<N, G>& p, int kb) {
   constexpr int P = Roles<G>::kProducers, kPieces = Roles<G>::kPieces;
   const int t0 = threadIdx.x;
-  Stage& stage = st[si];
-  if constexpr (C > 1) {
-    if (t0 == 0) {
-      mbar_arrive_expect_tx(&sh.codes[si], N * 128);  // every CTA's share lands here
-      for (int b = static_cast<int>(p.rank); b < N / kMoeFp8TmaBoxRows; b += C)
-        tma_load_2d_multicast(stage.act + b * kMoeFp8TmaBoxRows * 128, p.map, kb * 128,
-                              p.row0 + b * kMoeFp8TmaBoxRows, &sh.codes[si], static_cast<uint16_t>((1u << C) - 1u));
-    }
-  } else {
 #pragma unroll
-    for (int n = 0; n < N * 8 / P; ++n) {
-      const int i = t0 + P * n, t = i >> 3, c = i & 7;
-      cp_async16(stage.act + t * 128 + ((c ^ (t & 7)) << 4), p.xq + kb * 128 + p.off[n]);
-    }
+  for (int n = 0; n < N * 8 / P; ++n) {
+    const int i = t0 + P * n, t = i >> 3, c = i & 7;
+    cp_async16(stage.act + t * 128 + ((c ^ (t & 7)) << 4), p.xq + kb * 128 + p.off[n]);
   }
   if (t0 < N) cp_async4(&stage.xs[W >= 2 ? quad_slot(t0) : t0], p.xs + kb * p.ldxs + p.rows[t0]);
   if constexpr (W >= 1) {
@@ -230,11 +211,11 @@ __device__ __forceinline__ void fold(Stage& st, int s, int lr, int h, const RowB
 // barrier's arrival. A stage is refilled once both consumers released the block it held (with TMA:
 // the consumers of all C CTAs, whose stages the copy writes). The row's exponent base is found
 // while the first copies are in flight.
-template <int N, int G, bool kConsumerFence, int C, int W>
+template <int N, int G, bool kConsumerFence, int W>
 __device__ __forceinline__ void produce(Stage* st, Shared& sh, Producer<N, G>& p, int64_t sc, int nkb) {
   for (int b = 0; b < kAhead; ++b) {
     if (b < nkb)
-      copy_block<N, G, C, W>(st, sh, p, b, b);
+      copy_block<N, G, W>(st[b], p, b);
     else
       cp_async_commit();
   }
@@ -244,14 +225,12 @@ __device__ __forceinline__ void produce(Stage* st, Shared& sh, Producer<N, G>& p
     const int nb = kb + kAhead;
     if (nb < nkb) {
       if (nb >= kStages) {
-        if constexpr (C > 1)
-          mbar_wait_cluster(&sh.empty[nb % kStages], ((nb / kStages) & 1) ^ 1);
-        else if constexpr (W >= 1)
+        if constexpr (W >= 1)
           mbar_wait_warp(&sh.empty[nb % kStages], ((nb / kStages) & 1) ^ 1);
         else
           mbar_wait(&sh.empty[nb % kStages], ((nb / kStages) & 1) ^ 1);
       }
-      copy_block<N, G, C, W>(st, sh, p, nb, nb % kStages);
+      copy_block<N, G, W>(st[nb % kStages], p, nb);
     } else {
       cp_async_commit();
     }
@@ -309,7 +288,7 @@ __device__ __forceinline__ void promote_quad(const float (&c)[N / 2], const floa
 
 // A consumer warpgroup: acc = slice · the tile's first N tokens over all blocks, each block's
 // sums promoted with the columns' activation scales.
-template <int N, bool kConsumerFence, int C, int W>
+template <int N, bool kConsumerFence, int W>
 __device__ __forceinline__ void consume(Stage* st, Shared& sh, int slice, int nkb, float (&acc)[N / 2]) {
   float c[N / 2];
 #pragma unroll
@@ -320,7 +299,6 @@ __device__ __forceinline__ void consume(Stage* st, Shared& sh, int slice, int nk
       mbar_wait_warp(&sh.full[s], (kb / kStages) & 1);
     else
       mbar_wait(&sh.full[s], (kb / kStages) & 1);
-    if constexpr (C > 1) mbar_wait(&sh.codes[s], (kb / kStages) & 1);  // every share of the codes
     if constexpr (kConsumerFence) fence_proxy_async_smem();  // what the producers wrote, to the wgmmas
     block_product<N>(c, st[s], slice);
     if constexpr (W >= 2)
@@ -328,14 +306,7 @@ __device__ __forceinline__ void consume(Stage* st, Shared& sh, int slice, int nk
     else
       promote<N>(c, st[s].xs, acc);
     __syncwarp();
-    if ((threadIdx.x & 31) == 0) {
-      if constexpr (C > 1) {
-#pragma unroll
-        for (int r = 0; r < C; ++r) mbar_arrive_cluster(&sh.empty[s], static_cast<uint32_t>(r));
-      } else {
-        mbar_arrive(&sh.empty[s]);
-      }
-    }
+    if ((threadIdx.x & 31) == 0) mbar_arrive(&sh.empty[s]);
   }
 }
 
@@ -344,13 +315,10 @@ __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;
 
 // The CTA's 128 rows x N tokens into the epilogue's [row][kExPitch] floats (row 64 s + r: slice
 // s), scaled; in: K. Returns whether this thread stores the epilogue (the consumers: the
-// producers leave once their blocks are out; with TMA once the cluster barrier, which every
-// thread arrives at when done with the other CTAs, shows all of them past their loops, and the
-// consumers wait for it before they leave).
-template <int N, int G, bool kConsumerFence, int C, int W>
+// producers leave once their blocks are out).
+template <int N, int G, bool kConsumerFence, int W>
 __device__ __forceinline__ bool tile_product(unsigned char* smem, Shared& sh, const CtaSlices& cs, const uint8_t* xq,
-                                             const float* xs, int64_t ldxs, int64_t in, float* ex,
-                                             const TensorMap* map, int row0) {
+                                             const float* xs, int64_t ldxs, int64_t in, float* ex) {
   using R = Roles<G>;
   Stage* st = reinterpret_cast<Stage*>(smem);
   const int nkb = static_cast<int>(in / 128);
@@ -371,30 +339,19 @@ __device__ __forceinline__ bool tile_product(unsigned char* smem, Shared& sh, co
     p.xs = xs;
     p.ldxs = ldxs;
     p.rows = sh.rows;
-    p.map = map;
-    p.row0 = row0;
-    if constexpr (C > 1) {
-      p.rank = cluster_rank();
-    } else {
 #pragma unroll
-      for (int n = 0; n < N * 8 / R::kProducers; ++n) {
-        const int i = threadIdx.x + R::kProducers * n;
-        p.off[n] = static_cast<uint32_t>(sh.rows[i >> 3] * in + 16 * (i & 7));
-      }
+    for (int n = 0; n < N * 8 / R::kProducers; ++n) {
+      const int i = threadIdx.x + R::kProducers * n;
+      p.off[n] = static_cast<uint32_t>(sh.rows[i >> 3] * in + 16 * (i & 7));
     }
     pdl_wait();
-    produce<N, G, kConsumerFence, C, W>(st, sh, p, cs.sc, nkb);
-    if constexpr (C > 1) {
-      cluster_arrive();
-      cluster_wait();
-    }
+    produce<N, G, kConsumerFence, W>(st, sh, p, cs.sc, nkb);
     return false;
   }
   if constexpr (G > 1) setmaxnreg_inc<R::kConsumerRegs>();
   const int ct = threadIdx.x - R::kProducers, slice = ct >> 7, wt = ct & 127;
   float acc[N / 2];
-  consume<N, kConsumerFence, C, W>(st, sh, slice, nkb, acc);
-  if constexpr (C > 1) cluster_arrive();  // done with the other CTAs' barriers
+  consume<N, kConsumerFence, W>(st, sh, slice, nkb, acc);
   consumers_sync();  // every block consumed (so every copy and conversion landed): the stages are free
   const int r = 16 * (wt >> 5) + ((wt & 31) >> 2);
   stash_rows<N>(acc, sh.row_scale[64 * slice + r], sh.row_scale[64 * slice + r + 8], 64 * slice, wt, ex, kExPitch);
@@ -403,84 +360,58 @@ __device__ __forceinline__ bool tile_product(unsigned char* smem, Shared& sh, co
 }
 
 // Shared state before the roles split: the tile's rows (row_of(t) for t < count, column 0's
-// past it) and the barriers (with TMA initialised for the cluster before either CTA uses the
-// other's). Returns the shared block.
-template <int G, int C, int W, class RowOf>
+// past it) and the barriers. Returns the shared block.
+template <int G, int W, class RowOf>
 __device__ __forceinline__ Shared& setup(unsigned char* smem, int count, RowOf row_of) {
   Shared& sh = *reinterpret_cast<Shared*>(smem + kStages * sizeof(Stage));
   if (threadIdx.x < kTok) sh.rows[threadIdx.x] = row_of(threadIdx.x < count ? threadIdx.x : 0);
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       mbar_init(&sh.full[s], W >= 1 ? Roles<G>::kProducers / 32 : Roles<G>::kProducers);
-      mbar_init(&sh.empty[s], C * kConsumerWarps);
-      mbar_init(&sh.codes[s], 1);
+      mbar_init(&sh.empty[s], kConsumerWarps);
     }
     mbar_init_fence();
   }
-  if constexpr (C > 1) {
-    cluster_arrive();
-    cluster_wait();
-  } else {
-    __syncthreads();
-  }
+  __syncthreads();
   return sh;
 }
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-// One tile's gate/up (Args = Fp8GateUpArgs) or down (Fp8DownArgs), G producer warpgroups; C > 1:
-// in clusters of C CTAs, the codes through a.codes (__grid_constant__: the TMA reads the map
-// from the parameter space).
-template <int G, bool kConsumerFence, int C, int W, class Args>
-__global__ void __launch_bounds__(Roles<G>::kThreads, 1) fp8_ws_kernel(const __grid_constant__ Args a) {
+// One tile's gate/up (Args = Fp8GateUpArgs) or down (Fp8DownArgs), G producer warpgroups, W the
+// by-warp level (0: by owner).
+template <int G, bool kConsumerFence, int W, class Args>
+__global__ void __launch_bounds__(Roles<G>::kThreads, 1) fp8_ws_kernel(const Args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr bool kGateUp = std::is_same_v<Args, Fp8GateUpArgs>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* smem = align_1024(smem_raw);
   MoeTile t;
-  if (!cta_tile(a, t)) return;  // the CTAs of a cluster hold the same tile
-  Shared& sh = setup<G, C, W>(smem, t.count, [&](int c) { return act_row(a, t, c); });
+  if (!cta_tile(a, t)) return;
+  Shared& sh = setup<G, W>(smem, t.count, [&](int c) { return act_row(a, t, c); });
   float* ex = reinterpret_cast<float*>(smem);
   bool stores;
   if constexpr (kGateUp) {
     const CtaSlices cs = gateup_slices(a.tab, t.expert);
     stores = t.count <= 64
-                 ? tile_product<64, G, kConsumerFence, C, W>(smem, sh, cs, a.xq, a.xs, a.ldxs, a.d, ex, &a.codes, t.start)
-                 : tile_product<128, G, kConsumerFence, C, W>(smem, sh, cs, a.xq, a.xs, a.ldxs, a.d, ex, &a.codes,
-                                                              t.start);
+                 ? tile_product<64, G, kConsumerFence, W>(smem, sh, cs, a.xq, a.xs, a.ldxs, a.d, ex)
+                 : tile_product<128, G, kConsumerFence, W>(smem, sh, cs, a.xq, a.xs, a.ldxs, a.d, ex);
     if (stores) store_h(ex, kExPitch, t, cs.r0, a.I, a.limit, a.H, threadIdx.x - Roles<G>::kProducers, kConsumers);
   } else {
     const CtaSlices cs = down_slices(a.tab, t.expert);
     stores = t.count <= 64
-                 ? tile_product<64, G, kConsumerFence, C, W>(smem, sh, cs, a.hq, a.hs, a.ldhs, a.I, ex, &a.codes, t.start)
-                 : tile_product<128, G, kConsumerFence, C, W>(smem, sh, cs, a.hq, a.hs, a.ldhs, a.I, ex, &a.codes,
-                                                              t.start);
+                 ? tile_product<64, G, kConsumerFence, W>(smem, sh, cs, a.hq, a.hs, a.ldhs, a.I, ex)
+                 : tile_product<128, G, kConsumerFence, W>(smem, sh, cs, a.hq, a.hs, a.ldhs, a.I, ex);
     if (stores)
       store_y(ex, kExPitch, t, a.slot_pair, cs.r0, a.d, a.Y, threadIdx.x - Roles<G>::kProducers, kConsumers);
   }
-  if constexpr (C > 1)
-    if (stores) cluster_wait();  // the others are past their loops: nothing of theirs touches this CTA any more
 #endif
 }
 
-template <int G, bool kConsumerFence, int C, int W = 0>
+template <int G, bool kConsumerFence, int W = 0>
 Fp8TileKernels ws_kernels() {
-  Fp8TileKernels k{fp8_ws_kernel<G, kConsumerFence, C, W, Fp8GateUpArgs>,
-                   fp8_ws_kernel<G, kConsumerFence, C, W, Fp8DownArgs>, Roles<G>::kThreads, kSmem};
-  k.cluster = C;
-  k.slot_codes = C > 1;
-  return k;
-}
-
-// One warp per slot: the row of its token, 16 bytes a lane.
-__global__ void gather_slot_rows_kernel(const uint8_t* __restrict__ src, int64_t ld,
-                                        const int32_t* __restrict__ slot_pair, int K, int64_t slots, int64_t bytes,
-                                        uint8_t* __restrict__ dst) {
-  const int64_t slot = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
-  if (slot >= slots) return;
-  const uint4* in = reinterpret_cast<const uint4*>(src + static_cast<int64_t>(slot_pair[slot] / K) * ld);
-  uint4* out = reinterpret_cast<uint4*>(dst + slot * bytes);
-  for (int64_t i = threadIdx.x & 31; i < bytes / 16; i += 32) out[i] = __ldg(in + i);
+  return {fp8_ws_kernel<G, kConsumerFence, W, Fp8GateUpArgs>, fp8_ws_kernel<G, kConsumerFence, W, Fp8DownArgs>,
+          Roles<G>::kThreads, kSmem};
 }
 
 }  // namespace
@@ -489,28 +420,10 @@ Fp8TileKernels fp8_ws_kernels(int producer_groups, bool consumer_fence, int by_w
   DSV4_CHECK(producer_groups == 1 || producer_groups == 2, "fp8_ws_kernels: 1 or 2 producer warpgroups");
   DSV4_CHECK(by_warp >= 0 && by_warp <= 2 && (by_warp == 0 || (producer_groups == 1 && consumer_fence)),
              "fp8_ws_kernels: the by-warp forms (1, 2) only with one producer warpgroup and the fence in the consumers");
-  if (by_warp == 2) return ws_kernels<1, true, 1, 2>();
-  if (by_warp == 1) return ws_kernels<1, true, 1, 1>();
-  if (producer_groups == 2) return consumer_fence ? ws_kernels<2, true, 1>() : ws_kernels<2, false, 1>();
-  return consumer_fence ? ws_kernels<1, true, 1>() : ws_kernels<1, false, 1>();
-}
-
-Fp8TileKernels fp8_ws_tma_kernels(int cluster, bool consumer_fence) {
-  DSV4_CHECK(cluster == 2 || cluster == 4, "fp8_ws_tma_kernels: clusters of 2 or 4 CTAs");
-  if (cluster == 4) return consumer_fence ? ws_kernels<1, true, 4>() : ws_kernels<1, false, 4>();
-  return consumer_fence ? ws_kernels<1, true, 2>() : ws_kernels<1, false, 2>();
-}
-
-void gather_slot_rows(const uint8_t* src, int64_t ld, const int32_t* slot_pair, int K, int64_t slots, int64_t bytes,
-                      uint8_t* dst, cudaStream_t s) {
-  DSV4_CHECK(bytes % 16 == 0 && ld % 16 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0 &&
-                 reinterpret_cast<uintptr_t>(dst) % 16 == 0,
-             "gather_slot_rows: rows of 16-byte multiples, 16-byte aligned");
-  if (slots == 0) return;
-  constexpr int kThreads = 256;
-  gather_slot_rows_kernel<<<static_cast<unsigned>((slots * 32 + kThreads - 1) / kThreads), kThreads, 0, s>>>(
-      src, ld, slot_pair, K, slots, bytes, dst);
-  DSV4_CUDA_LAUNCH_CHECK();
+  if (by_warp == 2) return ws_kernels<1, true, 2>();
+  if (by_warp == 1) return ws_kernels<1, true, 1>();
+  if (producer_groups == 2) return consumer_fence ? ws_kernels<2, true>() : ws_kernels<2, false>();
+  return consumer_fence ? ws_kernels<1, true>() : ws_kernels<1, false>();
 }
 
 }  // namespace dsv4::cuda::detail

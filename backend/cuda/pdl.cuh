@@ -66,31 +66,20 @@ __device__ __forceinline__ void prefetch_l2(const void* p, int64_t n) {
 bool pdl_enabled();
 
 // kernel<<<grid, block, smem, s>>>(args...) as a programmatic dependent of the previous kernel
-// on s (a plain launch when PDL is off), in clusters of cluster_x CTAs along x where that is > 1
-// (grid.x a multiple of it).
+// on s (a plain launch when PDL is off).
 template <typename... KArgs, typename... Args>
-void launch_dependent_clustered(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, unsigned cluster_x,
-                                cudaStream_t s, Args&&... args) {
+void launch_dependent(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args&&... args) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = s;
-  cudaLaunchAttribute attr[2];
+  cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = pdl_enabled() ? 1 : 0;
-  attr[1].id = cudaLaunchAttributeClusterDimension;
-  attr[1].val.clusterDim.x = cluster_x;
-  attr[1].val.clusterDim.y = 1;
-  attr[1].val.clusterDim.z = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = cluster_x > 1 ? 2 : 1;
+  cfg.numAttrs = 1;
   DSV4_CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
-}
-
-template <typename... KArgs, typename... Args>
-void launch_dependent(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, Args&&... args) {
-  launch_dependent_clustered(kernel, grid, block, smem, 1u, s, std::forward<Args>(args)...);
 }
 
 }  // namespace dsv4::cuda::detail
