@@ -128,7 +128,9 @@ Fp8TileKernels fp8_wide_kernels();
 // by_warp (with 1, true only): 1 = each producer warp copies its rows' packed bytes as whole
 // sectors and arrives once, each warp's lane 0 polls the stage barriers for the warp (32 lanes
 // polling one word were the suspects for the 28% excess shared wavefronts, bench/NOTES.md step 25);
-// 2 = also the token scales per lane quad (half the promotion's shared loads).
+// 2 = also the token scales per lane quad (half the promotion's shared loads); 3 = also the packed
+// weights loaded into the producers' registers (each lane folds the whole-sector pieces it loaded),
+// not staged in shared memory.
 Fp8TileKernels fp8_ws_kernels(int producer_groups, bool consumer_fence, int by_warp = 0);
 // h = silu(min(g, L)) * clamp(v, ±L) (limit <= 0: plain SwiGLU), every expert kernel's epilogue.
 __device__ __forceinline__ float swiglu_clamped(float g, float v, float limit) {

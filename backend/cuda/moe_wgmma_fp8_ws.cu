@@ -12,7 +12,10 @@
 // the tile's activation codes and scales into a stage by cp.async, waits for them, writes its
 // share of the row's folded e4m3 bytes (moe_fp8_fold.cuh) into the stage's A operand in the
 // 128-byte swizzle, and arrives on the stage's full barrier (by warp: once a warp; W = 2 also lays
-// the token scales out per lane quad, so a consumer loads its columns' scales as float4s).
+// the token scales out per lane quad, so a consumer loads its columns' scales as float4s; W = 3
+// keeps the packed bytes out of shared memory: each lane loads the whole-sector pieces W = 1 copies,
+// piece lane % 4 of 4 of its warp's rows, into registers kRegAhead blocks ahead with those rows'
+// E8M0 words, and folds what it loaded).
 // The consumers each wait for a stage, run their slice's four k32 steps as shared-memory wgmmas
 // (A: the converted slice, B: the codes), promote the block's sums into fp32 accumulators with
 // the column scales and release the stage (one arrival per warp on its empty barrier); they never
@@ -47,6 +50,7 @@ constexpr int kConsumers = 256, kConsumerWarps = kConsumers / 32;
 constexpr int kStages = 5;
 constexpr int kAhead = kStages - 2;  // blocks copied ahead of the one being converted
 constexpr int kExPitch = kTok + 4;   // the epilogue's [row][token] floats
+constexpr int kRegAhead = 3;         // W = 3: blocks of packed weights a producer holds in registers
 // W = 2: the scales of the columns lane quad q promotes (8 u + 2 q + b, u < kTok / 8) at q x
 // kQuadPitch + 2 u + b: contiguous per quad, quads 36 floats apart (other banks for the 4 float4
 // addresses of a warp's load).
@@ -106,6 +110,8 @@ struct Producer {
   int cr, cpiece;     // by warp: the row (of slice s, + 8 k for copy k) and 16-byte piece this thread copies
   const uint8_t* wc;  // by warp: that piece's packed bytes in block 0
   const uint8_t* e;  // the row's E8M0 bytes
+  const uint8_t* ec;  // W = 3: row cr's E8M0 bytes (row cr + 8 k: 8 k rows further)
+  RowBase rbc[4];     // W = 3: the bases of rows cr + 8 k
   const uint8_t* xq;
   uint32_t off[N * 8 / Roles<G>::kProducers];
   const float* xs;
@@ -115,10 +121,11 @@ struct Producer {
 };
 
 // Block kb into stage `si`: this thread's share of the codes, one token scale (threads < N),
-// kPieces pieces of its row (W >= 1: of its warp's rows) and its row's E8M0 word; one cp.async
-// group. By warp, copy k of a warp moves 8 whole 64-byte rows (4 lanes a row), so no request reads
-// half a sector (by owner, 32 rows x 16 bytes: 35% of the kernel's L2 sectors were excess,
-// bench/NOTES.md step 25); the owner then reads its row after a __syncwarp.
+// kPieces pieces of its row (W = 1, 2: of its warp's rows; W = 3: none, load_regs) and its row's
+// E8M0 word (W < 3); one cp.async group. By warp, copy k of a warp moves 8 whole 64-byte rows (4
+// lanes a row), so no request reads half a sector (by owner, 32 rows x 16 bytes: 35% of the
+// kernel's L2 sectors were excess, bench/NOTES.md step 25); the owner then reads its row after a
+// __syncwarp.
 template <int N, int G, int W>
 __device__ __forceinline__ void copy_block(Stage& stage, const Producer<N, G>& p, int kb) {
   constexpr int P = Roles<G>::kProducers, kPieces = Roles<G>::kPieces;
@@ -129,12 +136,12 @@ __device__ __forceinline__ void copy_block(Stage& stage, const Producer<N, G>& p
     cp_async16(stage.act + t * 128 + ((c ^ (t & 7)) << 4), p.xq + kb * 128 + p.off[n]);
   }
   if (t0 < N) cp_async4(&stage.xs[W >= 2 ? quad_slot(t0) : t0], p.xs + kb * p.ldxs + p.rows[t0]);
-  if constexpr (W >= 1) {
+  if constexpr (W == 1 || W == 2) {
     const uint8_t* w = p.wc + static_cast<int64_t>(kb) * kPackedBlockStride;
 #pragma unroll
     for (int k = 0; k < kPieces; ++k)
       cp_async16(&stage.w[p.s][p.cr + 8 * k][raw_piece(p.cr + 8 * k, p.cpiece)], w + 8 * 64 * k);
-  } else {
+  } else if constexpr (W == 0) {
     const uint8_t* w = p.w + static_cast<int64_t>(kb) * kPackedBlockStride;
 #pragma unroll
     for (int k = 0; k < kPieces; ++k) {
@@ -142,8 +149,24 @@ __device__ __forceinline__ void copy_block(Stage& stage, const Producer<N, G>& p
       cp_async16(&stage.w[p.s][p.lr][raw_piece(p.lr, i)], w + 16 * i);
     }
   }
-  cp_async4(&stage.e[p.s][p.lr][p.h], p.e + kb * 4);
+  if constexpr (W < 3) cp_async4(&stage.e[p.s][p.lr][p.h], p.e + kb * 4);
   cp_async_commit();
+}
+
+// W = 3: a lane's packed pieces of one block (piece lane % 4 of rows cr + 8 k: copy k of W = 1,
+// so each warp load reads 512 contiguous bytes) and those rows' E8M0 words.
+struct RegBlock {
+  uint4 v[4];
+  uint32_t e[4];
+};
+template <int N, int G>
+__device__ __forceinline__ void load_regs(RegBlock& r, const Producer<N, G>& p, int64_t sc, int kb) {
+  const uint8_t* w = p.wc + static_cast<int64_t>(kb) * kPackedBlockStride;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    r.v[k] = __ldg(reinterpret_cast<const uint4*>(w + 8 * 64 * k));
+    r.e[k] = __ldg(reinterpret_cast<const uint32_t*>(p.ec + 8 * k * sc + 4 * kb));
+  }
 }
 
 // k32 step j of this thread's pieces (v[k] = piece h x kPieces + k; word j = group j's values)
@@ -207,10 +230,79 @@ __device__ __forceinline__ void fold(Stage& st, int s, int lr, int h, const RowB
   }
 }
 
+// W = 3: one piece (word j = group j's 8 values at 4q of chunks 2j / 2j + 1 of its row, the
+// bytes fold_step writes for piece q) with tables lo / hi of group j from `tables`.
+template <class Tables>
+__device__ __forceinline__ void fold_piece(const uint4& v, uint8_t* dst, int sw, Tables tables) {
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    uint32_t lo, hi, ev, od;
+    tables(j, lo, hi);
+    e2m1x8_e4m3_folded(word_of(v, j), lo, hi, ev, od);
+    *reinterpret_cast<uint32_t*>(dst + (((2 * j) ^ sw) << 4)) = ev;
+    *reinterpret_cast<uint32_t*>(dst + (((2 * j + 1) ^ sw) << 4)) = od;
+  }
+}
+__device__ __noinline__ void fold_piece_rounded(uint4 v, uint32_t e, int base, uint8_t* dst, int sw) {
+  fold_piece(v, dst, sw, [&](int j, uint32_t& lo, uint32_t& hi) {
+    rounded_tables(static_cast<int>((e >> (8 * j)) & 0xFFu) - base, lo, hi);
+  });
+}
+
+// W = 3: the lane's pieces of a block, from registers, into the stage's A operand (rows cr + 8 k
+// share cr's swizzle: cr + 8 k = cr mod 8). A warp's 4-byte stores cover 8 rows x 16 bytes of one
+// chunk each, one per bank.
+template <int N, int G>
+__device__ __forceinline__ void fold_regs(Stage& st, const Producer<N, G>& p, const RegBlock& r) {
+  const int sw = p.cr & 7;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    uint8_t* dst = st.a[p.s] + (p.cr + 8 * k) * 128 + 4 * p.cpiece;
+    const RowBase& rb = p.rbc[k];
+    const uint32_t e = r.e[k];
+    if (__builtin_expect(needs_rounding(rb, e), 0))
+      fold_piece_rounded(r.v[k], e, rb.base, dst, sw);
+    else
+      fold_piece(r.v[k], dst, sw, [&](int j, uint32_t& lo, uint32_t& hi) { exact_tables(rb, (e >> (8 * j)) & 0xFFu, lo, hi); });
+  }
+}
+
+// Block kb's turn: refill the stage of block kb + kAhead (once both consumers released it) and
+// wait for this thread's (by warp: the warp's) copies of block kb.
+template <int N, int G, int W>
+__device__ __forceinline__ void refill_and_wait(Stage* st, Shared& sh, const Producer<N, G>& p, int kb, int nkb) {
+  const int nb = kb + kAhead;
+  if (nb < nkb) {
+    if (nb >= kStages) {
+      if constexpr (W >= 1)
+        mbar_wait_warp(&sh.empty[nb % kStages], ((nb / kStages) & 1) ^ 1);
+      else
+        mbar_wait(&sh.empty[nb % kStages], ((nb / kStages) & 1) ^ 1);
+    }
+    copy_block<N, G, W>(st[nb % kStages], p, nb);
+  } else {
+    cp_async_commit();
+  }
+  cp_async_wait<kAhead>();  // this thread's copies of block kb have landed
+  if constexpr (W >= 1) __syncwarp();  // and so have the warp's: this thread's row was copied by others
+}
+
+// Block kb folded: to the consumers.
+template <bool kConsumerFence, int W>
+__device__ __forceinline__ void publish(Shared& sh, int kb) {
+  if constexpr (!kConsumerFence) fence_proxy_async_smem();  // the codes and folded bytes visible to the wgmmas
+  if constexpr (W >= 1) {
+    // One arrival a warp (the lanes' writes ordered before it by the warp barrier): 32 arrivals
+    // on one shared word may serialise (28% of the kernel's shared wavefronts were excess).
+    __syncwarp();
+    if ((threadIdx.x & 31) == 0) mbar_arrive(&sh.full[kb % kStages]);
+  } else {
+    mbar_arrive(&sh.full[kb % kStages]);
+  }
+}
+
 // The producers: every block's copies (kAhead ahead) and this thread's conversion, then the full
-// barrier's arrival. A stage is refilled once both consumers released the block it held (with TMA:
-// the consumers of all C CTAs, whose stages the copy writes). The row's exponent base is found
-// while the first copies are in flight.
+// barrier's arrival. The rows' exponent bases are found while the first copies are in flight.
 template <int N, int G, bool kConsumerFence, int W>
 __device__ __forceinline__ void produce(Stage* st, Shared& sh, Producer<N, G>& p, int64_t sc, int nkb) {
   for (int b = 0; b < kAhead; ++b) {
@@ -219,32 +311,37 @@ __device__ __forceinline__ void produce(Stage* st, Shared& sh, Producer<N, G>& p
     else
       cp_async_commit();
   }
-  p.rb = row_base_thread(p.e, sc);
-  if (p.h == 0) sh.row_scale[64 * p.s + p.lr] = p.rb.scale;
-  for (int kb = 0; kb < nkb; ++kb) {
-    const int nb = kb + kAhead;
-    if (nb < nkb) {
-      if (nb >= kStages) {
-        if constexpr (W >= 1)
-          mbar_wait_warp(&sh.empty[nb % kStages], ((nb / kStages) & 1) ^ 1);
-        else
-          mbar_wait(&sh.empty[nb % kStages], ((nb / kStages) & 1) ^ 1);
-      }
-      copy_block<N, G, W>(st[nb % kStages], p, nb);
-    } else {
-      cp_async_commit();
+  if constexpr (W >= 3) {
+    // The bases of the lane's four rows (the quad's lanes share them), then a ring of kRegAhead
+    // blocks in registers: slot i holds blocks i mod kRegAhead, refilled once folded.
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      p.rbc[k] = row_base_quad(p.ec + 8 * k * sc, sc);
+      if (p.cpiece == 0) sh.row_scale[64 * p.s + p.cr + 8 * k] = p.rbc[k].scale;
     }
-    cp_async_wait<kAhead>();  // this thread's copies of block kb have landed
-    if constexpr (W >= 1) __syncwarp();  // and so have the warp's: this thread's row was copied by others
-    fold<G>(st[kb % kStages], p.s, p.lr, p.h, p.rb);
-    if constexpr (!kConsumerFence) fence_proxy_async_smem();  // the codes and folded bytes visible to the wgmmas
-    if constexpr (W >= 1) {
-      // One arrival a warp (the lanes' writes ordered before it by the warp barrier): 32 arrivals
-      // on one shared word may serialise (28% of the kernel's shared wavefronts were excess).
-      __syncwarp();
-      if ((threadIdx.x & 31) == 0) mbar_arrive(&sh.full[kb % kStages]);
-    } else {
-      mbar_arrive(&sh.full[kb % kStages]);
+    RegBlock ring[kRegAhead];
+#pragma unroll
+    for (int i = 0; i < kRegAhead; ++i)
+      if (i < nkb) load_regs(ring[i], p, sc, i);
+    for (int kb0 = 0; kb0 < nkb; kb0 += kRegAhead) {
+#pragma unroll
+      for (int i = 0; i < kRegAhead; ++i) {
+        const int kb = kb0 + i;
+        if (kb < nkb) {
+          refill_and_wait<N, G, W>(st, sh, p, kb, nkb);
+          fold_regs(st[kb % kStages], p, ring[i]);
+          if (kb + kRegAhead < nkb) load_regs(ring[i], p, sc, kb + kRegAhead);
+          publish<kConsumerFence, W>(sh, kb);
+        }
+      }
+    }
+  } else {
+    p.rb = row_base_thread(p.e, sc);
+    if (p.h == 0) sh.row_scale[64 * p.s + p.lr] = p.rb.scale;
+    for (int kb = 0; kb < nkb; ++kb) {
+      refill_and_wait<N, G, W>(st, sh, p, kb, nkb);
+      fold<G>(st[kb % kStages], p.s, p.lr, p.h, p.rb);
+      publish<kConsumerFence, W>(sh, kb);
     }
   }
   cp_async_wait<0>();
@@ -335,6 +432,7 @@ __device__ __forceinline__ bool tile_product(unsigned char* smem, Shared& sh, co
     p.cpiece = lane % 4;
     p.wc = (p.s ? cs.wp[1] : cs.wp[0]) + p.cr * 64 + 16 * p.cpiece;
     p.e = (p.s ? cs.ep[1] : cs.ep[0]) + p.lr * cs.sc;
+    p.ec = (p.s ? cs.ep[1] : cs.ep[0]) + p.cr * cs.sc;
     p.xq = xq;
     p.xs = xs;
     p.ldxs = ldxs;
@@ -418,8 +516,9 @@ Fp8TileKernels ws_kernels() {
 
 Fp8TileKernels fp8_ws_kernels(int producer_groups, bool consumer_fence, int by_warp) {
   DSV4_CHECK(producer_groups == 1 || producer_groups == 2, "fp8_ws_kernels: 1 or 2 producer warpgroups");
-  DSV4_CHECK(by_warp >= 0 && by_warp <= 2 && (by_warp == 0 || (producer_groups == 1 && consumer_fence)),
-             "fp8_ws_kernels: the by-warp forms (1, 2) only with one producer warpgroup and the fence in the consumers");
+  DSV4_CHECK(by_warp >= 0 && by_warp <= 3 && (by_warp == 0 || (producer_groups == 1 && consumer_fence)),
+             "fp8_ws_kernels: the by-warp forms (1-3) only with one producer warpgroup and the fence in the consumers");
+  if (by_warp == 3) return ws_kernels<1, true, 3>();
   if (by_warp == 2) return ws_kernels<1, true, 2>();
   if (by_warp == 1) return ws_kernels<1, true, 1>();
   if (producer_groups == 2) return consumer_fence ? ws_kernels<2, true>() : ws_kernels<2, false>();

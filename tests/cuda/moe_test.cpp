@@ -611,6 +611,13 @@ TEST(CudaMoe, Fp8WarpSpecialisedByWarpMatchesWide) {
   expect_ws_matches_wide({13, 14});
 }
 
+// Mode 14 with the packed weights loaded into the producers' registers (each lane folds the
+// whole-sector pieces it loaded, rows' bases shared by a lane quad), not staged in shared memory.
+TEST(CudaMoe, Fp8WarpSpecialisedRegistersMatchWide) {
+  DSV4_REQUIRE_WGMMA_TILES();
+  expect_ws_matches_wide({15});
+}
+
 // The by-size rule at prefill sizes (~75 and ~175 tokens an expert) runs a warp-specialised form
 // by default (DSV4_MOE_PREFILL_WS): its outputs are the wide kernels' bit for bit.
 TEST(CudaMoe, BySizePrefillTilesMatchWide) {
