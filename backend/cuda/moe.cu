@@ -377,7 +377,10 @@ const int g_prefill_ws = [] {
   const char* env = std::getenv("DSV4_MOE_PREFILL_WS");
   if (!env) return 2;
   const std::string v = env;
-  return v.size() == 1 && v[0] >= '0' && v[0] <= '9' ? v[0] - '0' : v == "10" ? 10 : v == "11" ? 11 : 2;
+  // Anything but 0-11 is -1, refused by fp8_tile_kernels when the by-size rule first asks.
+  for (int ws = 0; ws <= 11; ++ws)
+    if (v == std::to_string(ws)) return ws;
+  return -1;
 }();
 
 // ws form 1-4: (producer warpgroups, fence in the consumers) = (1, no), (1, yes), (2, no), (2,
@@ -386,6 +389,8 @@ const int g_prefill_ws = [] {
 // staging). 5-8 were the clustered TMA forms (removed: 1.8-2.9x slower,
 // bench/NOTES.md step 25).
 Fp8TileKernels fp8_tile_kernels(int ws) {
+  DSV4_CHECK(ws >= 0 && ws <= 11, "MoeRunner: DSV4_MOE_PREFILL_WS must be one of 0-4, 9-11 (the FP8 prefill expert "
+                                  "forms; 2 = the default), not '", std::getenv("DSV4_MOE_PREFILL_WS"), "'");
   DSV4_CHECK(ws < 5 || ws > 8, "MoeRunner: FP8 prefill form ", ws, " (DSV4_MOE_PREFILL_WS / set_moe_wide_tiles(",
              ws + 4, ")) was a clustered TMA form, removed after it measured 1.8-2.9x slower (bench/NOTES.md step 25)");
   if (ws == 0) return fp8_wide_kernels();
