@@ -317,6 +317,8 @@ void bench_moe() {
         tiles.push_back({0, 3, 13, 0, 0, " 128-token fp8 ws consumer-fence by-warp tiles"});
         tiles.push_back({0, 3, 14, 0, 0, " 128-token fp8 ws consumer-fence by-warp quad-scales tiles"});
         tiles.push_back({0, 3, 15, 0, 0, " 128-token fp8 ws consumer-fence registers tiles"});
+        tiles.push_back({0, 3, 16, 0, 0, " 128-token fp8 ws consumer-fence consumer-codes tiles"});
+        tiles.push_back({0, 3, 17, 0, 0, " 128-token fp8 ws2 consumer-fence consumer-codes tiles"});
       }
       const std::vector<Variant> variants = !packed ? std::vector<Variant>{all[0]} : R < 256 ? all : tiles;
       // BENCH_MOE_VARIANT=text: the default and the variants whose tag holds text (e.g. "fp8");

@@ -358,12 +358,12 @@ if [[ "$MODE" == moe-ws ]]; then
   # passed, WS_NCU=1: ncu of the gate/up of each form in WS_NCU_FORMS, then e2e prefill 8192
   # with the forms and without, alternating (E2E_AB's machinery), then memcheck / synccheck /
   # racecheck (WS_SANITIZERS) on the bitwise tests.
-  timeout 150 "$BUILD/tests/cuda/cuda_moe_test" --gtest_filter='*Fp8*:*Wgmma*:*BySize*:*Removed*:-*TwoProducers*:*ByWarp*:*Registers*' >"$LOG/moe-ws-test.log" 2>&1
+  timeout 150 "$BUILD/tests/cuda/cuda_moe_test" --gtest_filter='*Fp8*:*Wgmma*:*BySize*:*Removed*:-*TwoProducers*:*ByWarp*:*Registers*:*CodesByConsumers*' >"$LOG/moe-ws-test.log" 2>&1
   rc=$?
   summary+=("cuda_moe_test Fp8/Wgmma: rc=$rc $(grep -E 'PASSED|FAILED' "$LOG/moe-ws-test.log" | tr -s ' ' | tr '\n' ';')")
   grep -E "differ from" "$LOG/moe-ws-test.log" | grep -v " 0 of " | head -5 >>"$LOG/summary-failures.log"
   skip="${WS_BENCH_SKIP:-}"; skip_tests=""  # WS_BENCH_SKIP=a,b: bench variants left out anyway
-  for t in TwoProducers:ws2 ByWarp:by-warp Registers:registers; do
+  for t in TwoProducers:ws2 ByWarp:by-warp Registers:registers CodesByConsumers:consumer-codes; do
     timeout 60 "$BUILD/tests/cuda/cuda_moe_test" --gtest_filter="*${t%%:*}*" >"$LOG/moe-ws-${t##*:}-test.log" 2>&1
     rct=$?
     summary+=("cuda_moe_test ${t%%:*}: rc=$rct $(grep -E 'PASSED|FAILED' "$LOG/moe-ws-${t##*:}-test.log" | tr -s ' ' | tr '\n' ';')")

@@ -34,9 +34,10 @@ void set_moe_mma_variant(int row_blocks, int ctas_per_sm);
 // proxy fence in the consumers; 13 = 6 by warp (whole-sector copies of the packed weights, one
 // full-barrier arrival and one poll a warp), 14 = 13 with the token scales laid out per lane quad,
 // 15 = 14 with the packed weights loaded into the producers' registers, not staged in shared
-// memory (13-15 written after the last device call, not run); 9-12, clusters sharing the codes by
-// TMA, were removed after measuring 1.8-2.9x slower, bench/NOTES.md step 25). By size: mode 6's
-// kernels (DSV4_MOE_PREFILL_WS=2, the default; 0 = mode 4's, 1-4 / 9-11 = modes 5-8 / 13-15's).
+// memory (13-15 measured slower, bench/NOTES.md step 26), 16 / 17 = 6 / 8 with the tile's codes
+// copied by the consumers; 9-12, clusters sharing the codes by TMA, were removed after measuring
+// 1.8-2.9x slower, bench/NOTES.md step 25). By size: mode 6's kernels (DSV4_MOE_PREFILL_WS=2, the
+// default; 0 = mode 4's, 1-4 / 9-13 = modes 5-8 / 13-17's).
 // By size, wide tiles run on wgmma where the device (sm_90) and
 // build (arch 90a) have it: 64 tokens on bf16 (same products, fp32 sums in another order), from an
 // average of kMoeWgmma128MinTokens 128 tokens on FP8 (the group scales folded into the e4m3

@@ -131,7 +131,10 @@ Fp8TileKernels fp8_wide_kernels();
 // 2 = also the token scales per lane quad (half the promotion's shared loads); 3 = also the packed
 // weights loaded into the producers' registers (each lane folds the whole-sector pieces it loaded),
 // not staged in shared memory.
-Fp8TileKernels fp8_ws_kernels(int producer_groups, bool consumer_fence, int by_warp = 0);
+// codes_by_consumers (by owner, fence in the consumers): the consumers copy the tile's codes and
+// token scales (cp.async completing on the full barrier), the producers only the weights.
+Fp8TileKernels fp8_ws_kernels(int producer_groups, bool consumer_fence, int by_warp = 0,
+                              bool codes_by_consumers = false);
 // h = silu(min(g, L)) * clamp(v, ±L) (limit <= 0: plain SwiGLU), every expert kernel's epilogue.
 __device__ __forceinline__ float swiglu_clamped(float g, float v, float limit) {
   if (limit > 0.f) {

@@ -126,16 +126,18 @@ struct Producer {
 // lanes a row), so no request reads half a sector (by owner, 32 rows x 16 bytes: 35% of the
 // kernel's L2 sectors were excess, bench/NOTES.md step 25); the owner then reads its row after a
 // __syncwarp.
-template <int N, int G, int W>
+template <int N, int G, int W, bool kCC>
 __device__ __forceinline__ void copy_block(Stage& stage, const Producer<N, G>& p, int kb) {
   constexpr int P = Roles<G>::kProducers, kPieces = Roles<G>::kPieces;
   const int t0 = threadIdx.x;
+  if constexpr (!kCC) {
 #pragma unroll
-  for (int n = 0; n < N * 8 / P; ++n) {
-    const int i = t0 + P * n, t = i >> 3, c = i & 7;
-    cp_async16(stage.act + t * 128 + ((c ^ (t & 7)) << 4), p.xq + kb * 128 + p.off[n]);
+    for (int n = 0; n < N * 8 / P; ++n) {
+      const int i = t0 + P * n, t = i >> 3, c = i & 7;
+      cp_async16(stage.act + t * 128 + ((c ^ (t & 7)) << 4), p.xq + kb * 128 + p.off[n]);
+    }
+    if (t0 < N) cp_async4(&stage.xs[W >= 2 ? quad_slot(t0) : t0], p.xs + kb * p.ldxs + p.rows[t0]);
   }
-  if (t0 < N) cp_async4(&stage.xs[W >= 2 ? quad_slot(t0) : t0], p.xs + kb * p.ldxs + p.rows[t0]);
   if constexpr (W == 1 || W == 2) {
     const uint8_t* w = p.wc + static_cast<int64_t>(kb) * kPackedBlockStride;
 #pragma unroll
@@ -269,7 +271,7 @@ __device__ __forceinline__ void fold_regs(Stage& st, const Producer<N, G>& p, co
 
 // Block kb's turn: refill the stage of block kb + kAhead (once both consumers released it) and
 // wait for this thread's (by warp: the warp's) copies of block kb.
-template <int N, int G, int W>
+template <int N, int G, int W, bool kCC>
 __device__ __forceinline__ void refill_and_wait(Stage* st, Shared& sh, const Producer<N, G>& p, int kb, int nkb) {
   const int nb = kb + kAhead;
   if (nb < nkb) {
@@ -279,7 +281,7 @@ __device__ __forceinline__ void refill_and_wait(Stage* st, Shared& sh, const Pro
       else
         mbar_wait(&sh.empty[nb % kStages], ((nb / kStages) & 1) ^ 1);
     }
-    copy_block<N, G, W>(st[nb % kStages], p, nb);
+    copy_block<N, G, W, kCC>(st[nb % kStages], p, nb);
   } else {
     cp_async_commit();
   }
@@ -303,11 +305,11 @@ __device__ __forceinline__ void publish(Shared& sh, int kb) {
 
 // The producers: every block's copies (kAhead ahead) and this thread's conversion, then the full
 // barrier's arrival. The rows' exponent bases are found while the first copies are in flight.
-template <int N, int G, bool kConsumerFence, int W>
+template <int N, int G, bool kConsumerFence, int W, bool kCC>
 __device__ __forceinline__ void produce(Stage* st, Shared& sh, Producer<N, G>& p, int64_t sc, int nkb) {
   for (int b = 0; b < kAhead; ++b) {
     if (b < nkb)
-      copy_block<N, G, W>(st[b], p, b);
+      copy_block<N, G, W, kCC>(st[b], p, b);
     else
       cp_async_commit();
   }
@@ -328,7 +330,7 @@ __device__ __forceinline__ void produce(Stage* st, Shared& sh, Producer<N, G>& p
       for (int i = 0; i < kRegAhead; ++i) {
         const int kb = kb0 + i;
         if (kb < nkb) {
-          refill_and_wait<N, G, W>(st, sh, p, kb, nkb);
+          refill_and_wait<N, G, W, kCC>(st, sh, p, kb, nkb);
           fold_regs(st[kb % kStages], p, ring[i]);
           if (kb + kRegAhead < nkb) load_regs(ring[i], p, sc, kb + kRegAhead);
           publish<kConsumerFence, W>(sh, kb);
@@ -339,7 +341,7 @@ __device__ __forceinline__ void produce(Stage* st, Shared& sh, Producer<N, G>& p
     p.rb = row_base_thread(p.e, sc);
     if (p.h == 0) sh.row_scale[64 * p.s + p.lr] = p.rb.scale;
     for (int kb = 0; kb < nkb; ++kb) {
-      refill_and_wait<N, G, W>(st, sh, p, kb, nkb);
+      refill_and_wait<N, G, W, kCC>(st, sh, p, kb, nkb);
       fold<G>(st[kb % kStages], p.s, p.lr, p.h, p.rb);
       publish<kConsumerFence, W>(sh, kb);
     }
@@ -383,13 +385,40 @@ __device__ __forceinline__ void promote_quad(const float (&c)[N / 2], const floa
   }
 }
 
+// kCC: what the consumers copy, the tile's codes and token scales (the producers' copies of them
+// were ~15% of the producer's instructions, and the producers bound the kernel: bench/NOTES.md
+// step 26). Consumer thread ct copies chunks ct + 256 n; each copy's completion is an arrival on
+// the block's full barrier (cp.async.mbarrier.arrive.noinc: counted in its initial count).
+template <int N>
+struct Codes {
+  const uint8_t* xq;
+  const float* xs;
+  int64_t ldxs, in;
+  const int32_t* rows;
+};
+template <int N, int W>
+__device__ __forceinline__ void copy_codes(Stage& stage, uint64_t* full, const Codes<N>& cd, int ct, int kb) {
+#pragma unroll
+  for (int n = 0; n < N * 8 / kConsumers; ++n) {
+    const int i = ct + kConsumers * n, t = i >> 3, c = i & 7;
+    cp_async16(stage.act + t * 128 + ((c ^ (t & 7)) << 4), cd.xq + cd.rows[t] * cd.in + kb * 128 + 16 * c);
+  }
+  if (ct < N) cp_async4(&stage.xs[W >= 2 ? quad_slot(ct) : ct], cd.xs + kb * cd.ldxs + cd.rows[ct]);
+  cp_async_mbar_arrive_noinc(full);
+}
+
 // A consumer warpgroup: acc = slice · the tile's first N tokens over all blocks, each block's
-// sums promoted with the columns' activation scales.
-template <int N, bool kConsumerFence, int W>
-__device__ __forceinline__ void consume(Stage* st, Shared& sh, int slice, int nkb, float (&acc)[N / 2]) {
+// sums promoted with the columns' activation scales (kCC: copying block kb + kAhead's codes
+// after releasing block kb, once both warpgroups released the stage it refills).
+template <int N, bool kConsumerFence, int W, bool kCC>
+__device__ __forceinline__ void consume(Stage* st, Shared& sh, int slice, int nkb, float (&acc)[N / 2],
+                                        const Codes<N>& cd, int ct) {
   float c[N / 2];
 #pragma unroll
   for (int i = 0; i < N / 2; ++i) acc[i] = 0.f;
+  if constexpr (kCC) {
+    for (int b = 0; b < kAhead && b < nkb; ++b) copy_codes<N, W>(st[b], &sh.full[b], cd, ct, b);
+  }
   for (int kb = 0; kb < nkb; ++kb) {
     const int s = kb % kStages;
     if constexpr (W >= 1)
@@ -404,6 +433,13 @@ __device__ __forceinline__ void consume(Stage* st, Shared& sh, int slice, int nk
       promote<N>(c, st[s].xs, acc);
     __syncwarp();
     if ((threadIdx.x & 31) == 0) mbar_arrive(&sh.empty[s]);
+    if constexpr (kCC) {
+      const int nb = kb + kAhead;
+      if (nb < nkb) {
+        if (nb >= kStages) mbar_wait(&sh.empty[nb % kStages], ((nb / kStages) & 1) ^ 1);
+        copy_codes<N, W>(st[nb % kStages], &sh.full[nb % kStages], cd, ct, nb);
+      }
+    }
   }
 }
 
@@ -413,7 +449,7 @@ __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;
 // The CTA's 128 rows x N tokens into the epilogue's [row][kExPitch] floats (row 64 s + r: slice
 // s), scaled; in: K. Returns whether this thread stores the epilogue (the consumers: the
 // producers leave once their blocks are out).
-template <int N, int G, bool kConsumerFence, int W>
+template <int N, int G, bool kConsumerFence, int W, bool kCC>
 __device__ __forceinline__ bool tile_product(unsigned char* smem, Shared& sh, const CtaSlices& cs, const uint8_t* xq,
                                              const float* xs, int64_t ldxs, int64_t in, float* ex) {
   using R = Roles<G>;
@@ -443,13 +479,14 @@ __device__ __forceinline__ bool tile_product(unsigned char* smem, Shared& sh, co
       p.off[n] = static_cast<uint32_t>(sh.rows[i >> 3] * in + 16 * (i & 7));
     }
     pdl_wait();
-    produce<N, G, kConsumerFence, W>(st, sh, p, cs.sc, nkb);
+    produce<N, G, kConsumerFence, W, kCC>(st, sh, p, cs.sc, nkb);
     return false;
   }
   if constexpr (G > 1) setmaxnreg_inc<R::kConsumerRegs>();
   const int ct = threadIdx.x - R::kProducers, slice = ct >> 7, wt = ct & 127;
   float acc[N / 2];
-  consume<N, kConsumerFence, W>(st, sh, slice, nkb, acc);
+  if constexpr (kCC) pdl_wait();  // the codes are the kernel before's output
+  consume<N, kConsumerFence, W, kCC>(st, sh, slice, nkb, acc, Codes<N>{xq, xs, ldxs, in, sh.rows}, ct);
   consumers_sync();  // every block consumed (so every copy and conversion landed): the stages are free
   const int r = 16 * (wt >> 5) + ((wt & 31) >> 2);
   stash_rows<N>(acc, sh.row_scale[64 * slice + r], sh.row_scale[64 * slice + r + 8], 64 * slice, wt, ex, kExPitch);
@@ -459,13 +496,13 @@ __device__ __forceinline__ bool tile_product(unsigned char* smem, Shared& sh, co
 
 // Shared state before the roles split: the tile's rows (row_of(t) for t < count, column 0's
 // past it) and the barriers. Returns the shared block.
-template <int G, int W, class RowOf>
+template <int G, int W, bool kCC, class RowOf>
 __device__ __forceinline__ Shared& setup(unsigned char* smem, int count, RowOf row_of) {
   Shared& sh = *reinterpret_cast<Shared*>(smem + kStages * sizeof(Stage));
   if (threadIdx.x < kTok) sh.rows[threadIdx.x] = row_of(threadIdx.x < count ? threadIdx.x : 0);
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(&sh.full[s], W >= 1 ? Roles<G>::kProducers / 32 : Roles<G>::kProducers);
+      mbar_init(&sh.full[s], (W >= 1 ? Roles<G>::kProducers / 32 : Roles<G>::kProducers) + (kCC ? kConsumers : 0));
       mbar_init(&sh.empty[s], kConsumerWarps);
     }
     mbar_init_fence();
@@ -477,8 +514,8 @@ __device__ __forceinline__ Shared& setup(unsigned char* smem, int count, RowOf r
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 // One tile's gate/up (Args = Fp8GateUpArgs) or down (Fp8DownArgs), G producer warpgroups, W the
-// by-warp level (0: by owner).
-template <int G, bool kConsumerFence, int W, class Args>
+// by-warp level (0: by owner), kCC: the consumers copy the codes.
+template <int G, bool kConsumerFence, int W, bool kCC, class Args>
 __global__ void __launch_bounds__(Roles<G>::kThreads, 1) fp8_ws_kernel(const Args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr bool kGateUp = std::is_same_v<Args, Fp8GateUpArgs>;
@@ -486,36 +523,39 @@ __global__ void __launch_bounds__(Roles<G>::kThreads, 1) fp8_ws_kernel(const Arg
   unsigned char* smem = align_1024(smem_raw);
   MoeTile t;
   if (!cta_tile(a, t)) return;
-  Shared& sh = setup<G, W>(smem, t.count, [&](int c) { return act_row(a, t, c); });
+  Shared& sh = setup<G, W, kCC>(smem, t.count, [&](int c) { return act_row(a, t, c); });
   float* ex = reinterpret_cast<float*>(smem);
   bool stores;
   if constexpr (kGateUp) {
     const CtaSlices cs = gateup_slices(a.tab, t.expert);
     stores = t.count <= 64
-                 ? tile_product<64, G, kConsumerFence, W>(smem, sh, cs, a.xq, a.xs, a.ldxs, a.d, ex)
-                 : tile_product<128, G, kConsumerFence, W>(smem, sh, cs, a.xq, a.xs, a.ldxs, a.d, ex);
+                 ? tile_product<64, G, kConsumerFence, W, kCC>(smem, sh, cs, a.xq, a.xs, a.ldxs, a.d, ex)
+                 : tile_product<128, G, kConsumerFence, W, kCC>(smem, sh, cs, a.xq, a.xs, a.ldxs, a.d, ex);
     if (stores) store_h(ex, kExPitch, t, cs.r0, a.I, a.limit, a.H, threadIdx.x - Roles<G>::kProducers, kConsumers);
   } else {
     const CtaSlices cs = down_slices(a.tab, t.expert);
     stores = t.count <= 64
-                 ? tile_product<64, G, kConsumerFence, W>(smem, sh, cs, a.hq, a.hs, a.ldhs, a.I, ex)
-                 : tile_product<128, G, kConsumerFence, W>(smem, sh, cs, a.hq, a.hs, a.ldhs, a.I, ex);
+                 ? tile_product<64, G, kConsumerFence, W, kCC>(smem, sh, cs, a.hq, a.hs, a.ldhs, a.I, ex)
+                 : tile_product<128, G, kConsumerFence, W, kCC>(smem, sh, cs, a.hq, a.hs, a.ldhs, a.I, ex);
     if (stores)
       store_y(ex, kExPitch, t, a.slot_pair, cs.r0, a.d, a.Y, threadIdx.x - Roles<G>::kProducers, kConsumers);
   }
 #endif
 }
 
-template <int G, bool kConsumerFence, int W = 0>
+template <int G, bool kConsumerFence, int W = 0, bool kCC = false>
 Fp8TileKernels ws_kernels() {
-  return {fp8_ws_kernel<G, kConsumerFence, W, Fp8GateUpArgs>, fp8_ws_kernel<G, kConsumerFence, W, Fp8DownArgs>,
+  return {fp8_ws_kernel<G, kConsumerFence, W, kCC, Fp8GateUpArgs>, fp8_ws_kernel<G, kConsumerFence, W, kCC, Fp8DownArgs>,
           Roles<G>::kThreads, kSmem};
 }
 
 }  // namespace
 
-Fp8TileKernels fp8_ws_kernels(int producer_groups, bool consumer_fence, int by_warp) {
+Fp8TileKernels fp8_ws_kernels(int producer_groups, bool consumer_fence, int by_warp, bool codes_by_consumers) {
   DSV4_CHECK(producer_groups == 1 || producer_groups == 2, "fp8_ws_kernels: 1 or 2 producer warpgroups");
+  DSV4_CHECK(!codes_by_consumers || (by_warp == 0 && consumer_fence),
+             "fp8_ws_kernels: the codes by the consumers only by owner, with the fence in the consumers");
+  if (codes_by_consumers) return producer_groups == 2 ? ws_kernels<2, true, 0, true>() : ws_kernels<1, true, 0, true>();
   DSV4_CHECK(by_warp >= 0 && by_warp <= 3 && (by_warp == 0 || (producer_groups == 1 && consumer_fence)),
              "fp8_ws_kernels: the by-warp forms (1-3) only with one producer warpgroup and the fence in the consumers");
   if (by_warp == 3) return ws_kernels<1, true, 3>();

@@ -618,6 +618,13 @@ TEST(CudaMoe, Fp8WarpSpecialisedRegistersMatchWide) {
   expect_ws_matches_wide({15});
 }
 
+// Modes 6 / 8 with the tile's codes and token scales copied by the consumers (their cp.async
+// completing on the full barrier), the producers copying and folding only the weights.
+TEST(CudaMoe, Fp8WarpSpecialisedCodesByConsumersMatchWide) {
+  DSV4_REQUIRE_WGMMA_TILES();
+  expect_ws_matches_wide({16, 17});
+}
+
 // The by-size rule at prefill sizes (~75 and ~175 tokens an expert) runs a warp-specialised form
 // by default (DSV4_MOE_PREFILL_WS): its outputs are the wide kernels' bit for bit.
 TEST(CudaMoe, BySizePrefillTilesMatchWide) {
