@@ -371,30 +371,34 @@ const bool g_prefill_fp8 = [] {
 // Which FP8 kernels the by-size rule runs (same bits): the warp-specialised form with one producer
 // warpgroup and the proxy fence in the consumers (moe_wgmma_fp8_ws.cu, form 2: 4-6% faster than
 // the wide kernels at 4096-8192 tokens, bench/NOTES.md step 25); DSV4_MOE_PREFILL_WS=0 the wide
-// kernels (moe_wgmma_fp8_wide.cu), 1-4 and 9-13 another form, as set_moe_wide_tiles(4-8, 13-17)
-// forces them (5-8 / 9-12: the clustered forms, removed in step 25).
+// kernels (moe_wgmma_fp8_wide.cu), 1-4, 9-10 and 14-16 another form, as set_moe_wide_tiles(4-8,
+// 13-14, 18-20) forces them (5-8, 11-13: removed forms, named errors).
 const int g_prefill_ws = [] {
   const char* env = std::getenv("DSV4_MOE_PREFILL_WS");
   if (!env) return 2;
   const std::string v = env;
-  // Anything but 0-13 is -1, refused by fp8_tile_kernels when the by-size rule first asks.
-  for (int ws = 0; ws <= 13; ++ws)
+  // Anything but 0-16 is -1, refused by fp8_tile_kernels when the by-size rule first asks.
+  for (int ws = 0; ws <= 16; ++ws)
     if (v == std::to_string(ws)) return ws;
   return -1;
 }();
 
 // ws form 1-4: (producer warpgroups, fence in the consumers) = (1, no), (1, yes), (2, no), (2,
 // yes); 9: form 2 by warp (whole-sector copies, one arrival and one poll a warp), 10: 9 with the
-// token scales laid out per lane quad, 11: 10 with the packed weights in registers (no shared
-// staging); 12 / 13: form 2 / 4 with the codes copied by the consumers. 5-8 were the clustered TMA forms (removed: 1.8-2.9x slower,
-// bench/NOTES.md step 25).
+// token scales laid out per lane quad; 14: form 2 with each block's pieces read a block ahead, 15:
+// form 2 with the consumer warpgroups taking turns at the tensor pipe (ping-pong), 16: both.
+// Removed: 5-8, the clustered TMA forms (1.8-2.9x slower, bench/NOTES.md step 25); 11-13, the
+// packed weights in registers and the codes copied by the consumers (13-37% slower, step 26).
 Fp8TileKernels fp8_tile_kernels(int ws) {
-  DSV4_CHECK(ws >= 0 && ws <= 13, "MoeRunner: DSV4_MOE_PREFILL_WS must be one of 0-4, 9-13 (the FP8 prefill expert "
-                                  "forms; 2 = the default), not '", std::getenv("DSV4_MOE_PREFILL_WS"), "'");
+  DSV4_CHECK(ws >= 0 && ws <= 16, "MoeRunner: DSV4_MOE_PREFILL_WS must be one of 0-4, 9-10, 14-16 (the FP8 prefill "
+                                  "expert forms; 2 = the default), not '", std::getenv("DSV4_MOE_PREFILL_WS"), "'");
   DSV4_CHECK(ws < 5 || ws > 8, "MoeRunner: FP8 prefill form ", ws, " (DSV4_MOE_PREFILL_WS / set_moe_wide_tiles(",
              ws + 4, ")) was a clustered TMA form, removed after it measured 1.8-2.9x slower (bench/NOTES.md step 25)");
+  DSV4_CHECK(ws < 11 || ws > 13, "MoeRunner: FP8 prefill form ", ws, " (DSV4_MOE_PREFILL_WS / set_moe_wide_tiles(",
+             ws + 4, ")) was removed after it measured 13-37% slower (packed weights in registers / codes copied by the "
+             "consumers; bench/NOTES.md step 26)");
   if (ws == 0) return fp8_wide_kernels();
-  if (ws >= 12) return fp8_ws_kernels(ws - 11, true, 0, true);
+  if (ws >= 14) return fp8_ws_kernels(1, true, 0, ws - 13);
   if (ws >= 9) return fp8_ws_kernels(1, true, ws - 8);
   return fp8_ws_kernels(ws > 2 ? 2 : 1, ws % 2 == 0);
 }
@@ -508,10 +512,11 @@ void set_moe_decode_tile(int tokens) {
 }
 
 void set_moe_wide_tiles(int mode) {
-  DSV4_CHECK(mode >= -1 && mode <= 17 && (mode < 9 || mode > 12),
+  DSV4_CHECK(mode >= -1 && mode <= 20 && (mode < 9 || mode > 12) && (mode < 15 || mode > 17),
              "set_moe_wide_tiles: -1 (8-token tiles), 0 (by size), 1 (64-token mma.sync tiles), 2 / 3 (64- / "
-             "128-token wgmma tiles), 4-8 and 13-17 (128-token FP8 wgmma tiles; warp-specialised from 5; 9-12, the "
-             "clustered TMA forms, were removed after measuring 1.8-2.9x slower)");
+             "128-token wgmma tiles), 4-8, 13-14 and 18-20 (128-token FP8 wgmma tiles; warp-specialised from 5); 9-12 (the "
+             "clustered TMA forms, 1.8-2.9x slower) and 15-17 (weights in registers, codes by the consumers, 13-37% "
+             "slower) were removed after measuring (bench/NOTES.md steps 25-26)");
   g_wide_mode = mode;
 }
 

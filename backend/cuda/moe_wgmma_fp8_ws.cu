@@ -12,10 +12,7 @@
 // the tile's activation codes and scales into a stage by cp.async, waits for them, writes its
 // share of the row's folded e4m3 bytes (moe_fp8_fold.cuh) into the stage's A operand in the
 // 128-byte swizzle, and arrives on the stage's full barrier (by warp: once a warp; W = 2 also lays
-// the token scales out per lane quad, so a consumer loads its columns' scales as float4s; W = 3
-// keeps the packed bytes out of shared memory: each lane loads the whole-sector pieces W = 1 copies,
-// piece lane % 4 of 4 of its warp's rows, into registers kRegAhead blocks ahead with those rows'
-// E8M0 words, and folds what it loaded).
+// the token scales out per lane quad, so a consumer loads its columns' scales as float4s).
 // The consumers each wait for a stage, run their slice's four k32 steps as shared-memory wgmmas
 // (A: the converted slice, B: the codes), promote the block's sums into fp32 accumulators with
 // the column scales and release the stage (one arrival per warp on its empty barrier); they never
@@ -50,7 +47,11 @@ constexpr int kConsumers = 256, kConsumerWarps = kConsumers / 32;
 constexpr int kStages = 5;
 constexpr int kAhead = kStages - 2;  // blocks copied ahead of the one being converted
 constexpr int kExPitch = kTok + 4;   // the epilogue's [row][token] floats
-constexpr int kRegAhead = 3;         // W = 3: blocks of packed weights a producer holds in registers
+// Variants (by owner, the fence in the consumers; bench/NOTES.md step 26): the producer reads block
+// kb + 1's pieces before folding block kb; the consumer warpgroups take turns issuing a block's
+// wgmmas (WG 1 after WG 0, WG 0's next after WG 1), so one's promotion runs under the other's
+// tensor work instead of both promoting while the tensor pipe idles.
+constexpr int kVariantPiecesAhead = 1, kVariantPingPong = 2;
 // W = 2: the scales of the columns lane quad q promotes (8 u + 2 q + b, u < kTok / 8) at q x
 // kQuadPitch + 2 u + b: contiguous per quad, quads 36 floats apart (other banks for the 4 float4
 // addresses of a warp's load).
@@ -81,6 +82,7 @@ struct alignas(1024) Stage {
 };
 struct Shared {  // after the stages (the epilogue reuses those)
   uint64_t full[kStages], empty[kStages];
+  uint64_t turn[2];  // kVariantPingPong: phase j of turn[c] = the other warpgroup issued its block (j, or j - 1 for WG 1)
   int32_t rows[kTok];
   float row_scale[kRows];
 };
@@ -110,8 +112,6 @@ struct Producer {
   int cr, cpiece;     // by warp: the row (of slice s, + 8 k for copy k) and 16-byte piece this thread copies
   const uint8_t* wc;  // by warp: that piece's packed bytes in block 0
   const uint8_t* e;  // the row's E8M0 bytes
-  const uint8_t* ec;  // W = 3: row cr's E8M0 bytes (row cr + 8 k: 8 k rows further)
-  RowBase rbc[4];     // W = 3: the bases of rows cr + 8 k
   const uint8_t* xq;
   uint32_t off[N * 8 / Roles<G>::kProducers];
   const float* xs;
@@ -121,29 +121,26 @@ struct Producer {
 };
 
 // Block kb into stage `si`: this thread's share of the codes, one token scale (threads < N),
-// kPieces pieces of its row (W = 1, 2: of its warp's rows; W = 3: none, load_regs) and its row's
-// E8M0 word (W < 3); one cp.async group. By warp, copy k of a warp moves 8 whole 64-byte rows (4
-// lanes a row), so no request reads half a sector (by owner, 32 rows x 16 bytes: 35% of the
-// kernel's L2 sectors were excess, bench/NOTES.md step 25); the owner then reads its row after a
-// __syncwarp.
-template <int N, int G, int W, bool kCC>
+// kPieces pieces of its row (W >= 1: of its warp's rows) and its row's E8M0 word; one cp.async
+// group. By warp, copy k of a warp moves 8 whole 64-byte rows (4 lanes a row), so no request reads
+// half a sector (by owner, 32 rows x 16 bytes: 35% of the kernel's L2 sectors were excess,
+// bench/NOTES.md step 25); the owner then reads its row after a __syncwarp.
+template <int N, int G, int W>
 __device__ __forceinline__ void copy_block(Stage& stage, const Producer<N, G>& p, int kb) {
   constexpr int P = Roles<G>::kProducers, kPieces = Roles<G>::kPieces;
   const int t0 = threadIdx.x;
-  if constexpr (!kCC) {
 #pragma unroll
-    for (int n = 0; n < N * 8 / P; ++n) {
-      const int i = t0 + P * n, t = i >> 3, c = i & 7;
-      cp_async16(stage.act + t * 128 + ((c ^ (t & 7)) << 4), p.xq + kb * 128 + p.off[n]);
-    }
-    if (t0 < N) cp_async4(&stage.xs[W >= 2 ? quad_slot(t0) : t0], p.xs + kb * p.ldxs + p.rows[t0]);
+  for (int n = 0; n < N * 8 / P; ++n) {
+    const int i = t0 + P * n, t = i >> 3, c = i & 7;
+    cp_async16(stage.act + t * 128 + ((c ^ (t & 7)) << 4), p.xq + kb * 128 + p.off[n]);
   }
-  if constexpr (W == 1 || W == 2) {
+  if (t0 < N) cp_async4(&stage.xs[W >= 2 ? quad_slot(t0) : t0], p.xs + kb * p.ldxs + p.rows[t0]);
+  if constexpr (W >= 1) {
     const uint8_t* w = p.wc + static_cast<int64_t>(kb) * kPackedBlockStride;
 #pragma unroll
     for (int k = 0; k < kPieces; ++k)
       cp_async16(&stage.w[p.s][p.cr + 8 * k][raw_piece(p.cr + 8 * k, p.cpiece)], w + 8 * 64 * k);
-  } else if constexpr (W == 0) {
+  } else {
     const uint8_t* w = p.w + static_cast<int64_t>(kb) * kPackedBlockStride;
 #pragma unroll
     for (int k = 0; k < kPieces; ++k) {
@@ -151,24 +148,8 @@ __device__ __forceinline__ void copy_block(Stage& stage, const Producer<N, G>& p
       cp_async16(&stage.w[p.s][p.lr][raw_piece(p.lr, i)], w + 16 * i);
     }
   }
-  if constexpr (W < 3) cp_async4(&stage.e[p.s][p.lr][p.h], p.e + kb * 4);
+  cp_async4(&stage.e[p.s][p.lr][p.h], p.e + kb * 4);
   cp_async_commit();
-}
-
-// W = 3: a lane's packed pieces of one block (piece lane % 4 of rows cr + 8 k: copy k of W = 1,
-// so each warp load reads 512 contiguous bytes) and those rows' E8M0 words.
-struct RegBlock {
-  uint4 v[4];
-  uint32_t e[4];
-};
-template <int N, int G>
-__device__ __forceinline__ void load_regs(RegBlock& r, const Producer<N, G>& p, int64_t sc, int kb) {
-  const uint8_t* w = p.wc + static_cast<int64_t>(kb) * kPackedBlockStride;
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    r.v[k] = __ldg(reinterpret_cast<const uint4*>(w + 8 * 64 * k));
-    r.e[k] = __ldg(reinterpret_cast<const uint32_t*>(p.ec + 8 * k * sc + 4 * kb));
-  }
 }
 
 // k32 step j of this thread's pieces (v[k] = piece h x kPieces + k; word j = group j's values)
@@ -213,17 +194,16 @@ __device__ __noinline__ void fold_rounded(const Stage& st, int s, int lr, int h,
   }
 }
 
-// This thread's part of its row of a stage's block, folded into the stage's A operand.
+// This thread's part of its row of a stage's block (its pieces v and E8M0 word e, read from the
+// stage), folded into the stage's A operand.
 template <int G>
-__device__ __forceinline__ void fold(Stage& st, int s, int lr, int h, const RowBase& rb) {
-  const uint32_t e = st.e[s][lr][h];
+__device__ __forceinline__ void fold_loaded(Stage& st, int s, int lr, int h, const RowBase& rb,
+                                            const uint4 (&v)[Roles<G>::kPieces], uint32_t e) {
   uint8_t* dst = st.a[s] + lr * 128;
   if (__builtin_expect(needs_rounding(rb, e), 0)) {
     fold_rounded<G>(st, s, lr, h, rb.base, e, dst);
     return;
   }
-  uint4 v[Roles<G>::kPieces];
-  load_pieces<G>(st, s, lr, h, v);
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     uint32_t lo, hi;
@@ -231,126 +211,83 @@ __device__ __forceinline__ void fold(Stage& st, int s, int lr, int h, const RowB
     fold_step<G>(v, j, lo, hi, dst, lr, h);
   }
 }
-
-// W = 3: one piece (word j = group j's 8 values at 4q of chunks 2j / 2j + 1 of its row, the
-// bytes fold_step writes for piece q) with tables lo / hi of group j from `tables`.
-template <class Tables>
-__device__ __forceinline__ void fold_piece(const uint4& v, uint8_t* dst, int sw, Tables tables) {
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    uint32_t lo, hi, ev, od;
-    tables(j, lo, hi);
-    e2m1x8_e4m3_folded(word_of(v, j), lo, hi, ev, od);
-    *reinterpret_cast<uint32_t*>(dst + (((2 * j) ^ sw) << 4)) = ev;
-    *reinterpret_cast<uint32_t*>(dst + (((2 * j + 1) ^ sw) << 4)) = od;
-  }
-}
-__device__ __noinline__ void fold_piece_rounded(uint4 v, uint32_t e, int base, uint8_t* dst, int sw) {
-  fold_piece(v, dst, sw, [&](int j, uint32_t& lo, uint32_t& hi) {
-    rounded_tables(static_cast<int>((e >> (8 * j)) & 0xFFu) - base, lo, hi);
-  });
-}
-
-// W = 3: the lane's pieces of a block, from registers, into the stage's A operand (rows cr + 8 k
-// share cr's swizzle: cr + 8 k = cr mod 8). A warp's 4-byte stores cover 8 rows x 16 bytes of one
-// chunk each, one per bank.
-template <int N, int G>
-__device__ __forceinline__ void fold_regs(Stage& st, const Producer<N, G>& p, const RegBlock& r) {
-  const int sw = p.cr & 7;
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    uint8_t* dst = st.a[p.s] + (p.cr + 8 * k) * 128 + 4 * p.cpiece;
-    const RowBase& rb = p.rbc[k];
-    const uint32_t e = r.e[k];
-    if (__builtin_expect(needs_rounding(rb, e), 0))
-      fold_piece_rounded(r.v[k], e, rb.base, dst, sw);
-    else
-      fold_piece(r.v[k], dst, sw, [&](int j, uint32_t& lo, uint32_t& hi) { exact_tables(rb, (e >> (8 * j)) & 0xFFu, lo, hi); });
-  }
-}
-
-// Block kb's turn: refill the stage of block kb + kAhead (once both consumers released it) and
-// wait for this thread's (by warp: the warp's) copies of block kb.
-template <int N, int G, int W, bool kCC>
-__device__ __forceinline__ void refill_and_wait(Stage* st, Shared& sh, const Producer<N, G>& p, int kb, int nkb) {
-  const int nb = kb + kAhead;
-  if (nb < nkb) {
-    if (nb >= kStages) {
-      if constexpr (W >= 1)
-        mbar_wait_warp(&sh.empty[nb % kStages], ((nb / kStages) & 1) ^ 1);
-      else
-        mbar_wait(&sh.empty[nb % kStages], ((nb / kStages) & 1) ^ 1);
-    }
-    copy_block<N, G, W, kCC>(st[nb % kStages], p, nb);
-  } else {
-    cp_async_commit();
-  }
-  cp_async_wait<kAhead>();  // this thread's copies of block kb have landed
-  if constexpr (W >= 1) __syncwarp();  // and so have the warp's: this thread's row was copied by others
-}
-
-// Block kb folded: to the consumers.
-template <bool kConsumerFence, int W>
-__device__ __forceinline__ void publish(Shared& sh, int kb) {
-  if constexpr (!kConsumerFence) fence_proxy_async_smem();  // the codes and folded bytes visible to the wgmmas
-  if constexpr (W >= 1) {
-    // One arrival a warp (the lanes' writes ordered before it by the warp barrier): 32 arrivals
-    // on one shared word may serialise (28% of the kernel's shared wavefronts were excess).
-    __syncwarp();
-    if ((threadIdx.x & 31) == 0) mbar_arrive(&sh.full[kb % kStages]);
-  } else {
-    mbar_arrive(&sh.full[kb % kStages]);
-  }
+template <int G>
+__device__ __forceinline__ void fold(Stage& st, int s, int lr, int h, const RowBase& rb) {
+  uint4 v[Roles<G>::kPieces];
+  load_pieces<G>(st, s, lr, h, v);
+  fold_loaded<G>(st, s, lr, h, rb, v, st.e[s][lr][h]);
 }
 
 // The producers: every block's copies (kAhead ahead) and this thread's conversion, then the full
-// barrier's arrival. The rows' exponent bases are found while the first copies are in flight.
-template <int N, int G, bool kConsumerFence, int W, bool kCC>
+// barrier's arrival. A stage is refilled once both consumers released the block it held (with TMA:
+// the consumers of all C CTAs, whose stages the copy writes). The row's exponent base is found
+// while the first copies are in flight.
+template <int N, int G, bool kConsumerFence, int W, int V>
 __device__ __forceinline__ void produce(Stage* st, Shared& sh, Producer<N, G>& p, int64_t sc, int nkb) {
+  constexpr bool kPiecesAhead = V & kVariantPiecesAhead;
+  uint4 v[Roles<G>::kPieces];  // kPiecesAhead: block kb's pieces and E8M0 word, read a block early
+  uint32_t ew = 0;
   for (int b = 0; b < kAhead; ++b) {
     if (b < nkb)
-      copy_block<N, G, W, kCC>(st[b], p, b);
+      copy_block<N, G, W>(st[b], p, b);
     else
       cp_async_commit();
   }
-  if constexpr (W >= 3) {
-    // The bases of the lane's four rows (the quad's lanes share them), then a ring of kRegAhead
-    // blocks in registers: slot i holds blocks i mod kRegAhead, refilled once folded.
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      p.rbc[k] = row_base_quad(p.ec + 8 * k * sc, sc);
-      if (p.cpiece == 0) sh.row_scale[64 * p.s + p.cr + 8 * k] = p.rbc[k].scale;
-    }
-    RegBlock ring[kRegAhead];
-#pragma unroll
-    for (int i = 0; i < kRegAhead; ++i)
-      if (i < nkb) load_regs(ring[i], p, sc, i);
-    for (int kb0 = 0; kb0 < nkb; kb0 += kRegAhead) {
-#pragma unroll
-      for (int i = 0; i < kRegAhead; ++i) {
-        const int kb = kb0 + i;
-        if (kb < nkb) {
-          refill_and_wait<N, G, W, kCC>(st, sh, p, kb, nkb);
-          fold_regs(st[kb % kStages], p, ring[i]);
-          if (kb + kRegAhead < nkb) load_regs(ring[i], p, sc, kb + kRegAhead);
-          publish<kConsumerFence, W>(sh, kb);
-        }
+  p.rb = row_base_thread(p.e, sc);
+  if (p.h == 0) sh.row_scale[64 * p.s + p.lr] = p.rb.scale;
+  if constexpr (kPiecesAhead) {
+    cp_async_wait<kAhead - 1>();  // block 0 has landed
+    load_pieces<G>(st[0], p.s, p.lr, p.h, v);
+    ew = st[0].e[p.s][p.lr][p.h];
+  }
+  for (int kb = 0; kb < nkb; ++kb) {
+    const int nb = kb + kAhead;
+    if (nb < nkb) {
+      if (nb >= kStages) {
+        if constexpr (W >= 1)
+          mbar_wait_warp(&sh.empty[nb % kStages], ((nb / kStages) & 1) ^ 1);
+        else
+          mbar_wait(&sh.empty[nb % kStages], ((nb / kStages) & 1) ^ 1);
       }
+      copy_block<N, G, W>(st[nb % kStages], p, nb);
+    } else {
+      cp_async_commit();
     }
-  } else {
-    p.rb = row_base_thread(p.e, sc);
-    if (p.h == 0) sh.row_scale[64 * p.s + p.lr] = p.rb.scale;
-    for (int kb = 0; kb < nkb; ++kb) {
-      refill_and_wait<N, G, W, kCC>(st, sh, p, kb, nkb);
+    if constexpr (kPiecesAhead) {
+      // Block kb + 1's pieces read before block kb is folded: the shared loads' latency (16% of
+      // the producer's stalls, bench/NOTES.md step 26) hides behind the fold.
+      cp_async_wait<kAhead - 1>();  // this thread's copies of block kb + 1 have landed
+      uint4 vn[Roles<G>::kPieces];
+      uint32_t en = 0;
+      if (kb + 1 < nkb) {
+        load_pieces<G>(st[(kb + 1) % kStages], p.s, p.lr, p.h, vn);
+        en = st[(kb + 1) % kStages].e[p.s][p.lr][p.h];
+      }
+      fold_loaded<G>(st[kb % kStages], p.s, p.lr, p.h, p.rb, v, ew);
+#pragma unroll
+      for (int k = 0; k < Roles<G>::kPieces; ++k) v[k] = vn[k];
+      ew = en;
+    } else {
+      cp_async_wait<kAhead>();  // this thread's copies of block kb have landed
+      if constexpr (W >= 1) __syncwarp();  // and so have the warp's: this thread's row was copied by others
       fold<G>(st[kb % kStages], p.s, p.lr, p.h, p.rb);
-      publish<kConsumerFence, W>(sh, kb);
+    }
+    if constexpr (!kConsumerFence) fence_proxy_async_smem();  // the codes and folded bytes visible to the wgmmas
+    if constexpr (W >= 1) {
+      // One arrival a warp (the lanes' writes ordered before it by the warp barrier): 32 arrivals
+      // on one shared word may serialise (28% of the kernel's shared wavefronts were excess).
+      __syncwarp();
+      if ((threadIdx.x & 31) == 0) mbar_arrive(&sh.full[kb % kStages]);
+    } else {
+      mbar_arrive(&sh.full[kb % kStages]);
     }
   }
   cp_async_wait<0>();
 }
 
+// A block's four k32 wgmmas of this warpgroup's slice, issued and committed (block_wait: done).
 template <int N>
-__device__ __forceinline__ void block_product(float (&c)[N / 2], const Stage& st, int slice) {
+__device__ __forceinline__ void block_issue(float (&c)[N / 2], const Stage& st, int slice) {
   wgmma_fence();
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
@@ -361,6 +298,9 @@ __device__ __forceinline__ void block_product(float (&c)[N / 2], const Stage& st
       wgmma_m64n64k32_e4m3_ss(c, da, db, j > 0);
   }
   wgmma_commit();
+}
+template <int N>
+__device__ __forceinline__ void block_wait(float (&c)[N / 2]) {
   wgmma_wait<0>();
   wgmma_pin(c);
 }
@@ -385,40 +325,13 @@ __device__ __forceinline__ void promote_quad(const float (&c)[N / 2], const floa
   }
 }
 
-// kCC: what the consumers copy, the tile's codes and token scales (the producers' copies of them
-// were ~15% of the producer's instructions, and the producers bound the kernel: bench/NOTES.md
-// step 26). Consumer thread ct copies chunks ct + 256 n; each copy's completion is an arrival on
-// the block's full barrier (cp.async.mbarrier.arrive.noinc: counted in its initial count).
-template <int N>
-struct Codes {
-  const uint8_t* xq;
-  const float* xs;
-  int64_t ldxs, in;
-  const int32_t* rows;
-};
-template <int N, int W>
-__device__ __forceinline__ void copy_codes(Stage& stage, uint64_t* full, const Codes<N>& cd, int ct, int kb) {
-#pragma unroll
-  for (int n = 0; n < N * 8 / kConsumers; ++n) {
-    const int i = ct + kConsumers * n, t = i >> 3, c = i & 7;
-    cp_async16(stage.act + t * 128 + ((c ^ (t & 7)) << 4), cd.xq + cd.rows[t] * cd.in + kb * 128 + 16 * c);
-  }
-  if (ct < N) cp_async4(&stage.xs[W >= 2 ? quad_slot(ct) : ct], cd.xs + kb * cd.ldxs + cd.rows[ct]);
-  cp_async_mbar_arrive_noinc(full);
-}
-
 // A consumer warpgroup: acc = slice · the tile's first N tokens over all blocks, each block's
-// sums promoted with the columns' activation scales (kCC: copying block kb + kAhead's codes
-// after releasing block kb, once both warpgroups released the stage it refills).
-template <int N, bool kConsumerFence, int W, bool kCC>
-__device__ __forceinline__ void consume(Stage* st, Shared& sh, int slice, int nkb, float (&acc)[N / 2],
-                                        const Codes<N>& cd, int ct) {
+// sums promoted with the columns' activation scales.
+template <int N, bool kConsumerFence, int W, int V>
+__device__ __forceinline__ void consume(Stage* st, Shared& sh, int slice, int nkb, float (&acc)[N / 2]) {
   float c[N / 2];
 #pragma unroll
   for (int i = 0; i < N / 2; ++i) acc[i] = 0.f;
-  if constexpr (kCC) {
-    for (int b = 0; b < kAhead && b < nkb; ++b) copy_codes<N, W>(st[b], &sh.full[b], cd, ct, b);
-  }
   for (int kb = 0; kb < nkb; ++kb) {
     const int s = kb % kStages;
     if constexpr (W >= 1)
@@ -426,20 +339,24 @@ __device__ __forceinline__ void consume(Stage* st, Shared& sh, int slice, int nk
     else
       mbar_wait(&sh.full[s], (kb / kStages) & 1);
     if constexpr (kConsumerFence) fence_proxy_async_smem();  // what the producers wrote, to the wgmmas
-    block_product<N>(c, st[s], slice);
+    if constexpr (V & kVariantPingPong) {  // WG 0 issues block kb after WG 1 issued kb - 1, WG 1 after WG 0 issued kb
+      if (slice == 1)
+        mbar_wait(&sh.turn[1], kb & 1);
+      else if (kb > 0)
+        mbar_wait(&sh.turn[0], (kb - 1) & 1);
+    }
+    block_issue<N>(c, st[s], slice);
+    if constexpr (V & kVariantPingPong) {
+      __syncwarp();
+      if ((threadIdx.x & 31) == 0) mbar_arrive(&sh.turn[1 - slice]);
+    }
+    block_wait<N>(c);
     if constexpr (W >= 2)
       promote_quad<N>(c, st[s].xs, acc);
     else
       promote<N>(c, st[s].xs, acc);
     __syncwarp();
     if ((threadIdx.x & 31) == 0) mbar_arrive(&sh.empty[s]);
-    if constexpr (kCC) {
-      const int nb = kb + kAhead;
-      if (nb < nkb) {
-        if (nb >= kStages) mbar_wait(&sh.empty[nb % kStages], ((nb / kStages) & 1) ^ 1);
-        copy_codes<N, W>(st[nb % kStages], &sh.full[nb % kStages], cd, ct, nb);
-      }
-    }
   }
 }
 
@@ -449,7 +366,7 @@ __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;
 // The CTA's 128 rows x N tokens into the epilogue's [row][kExPitch] floats (row 64 s + r: slice
 // s), scaled; in: K. Returns whether this thread stores the epilogue (the consumers: the
 // producers leave once their blocks are out).
-template <int N, int G, bool kConsumerFence, int W, bool kCC>
+template <int N, int G, bool kConsumerFence, int W, int V>
 __device__ __forceinline__ bool tile_product(unsigned char* smem, Shared& sh, const CtaSlices& cs, const uint8_t* xq,
                                              const float* xs, int64_t ldxs, int64_t in, float* ex) {
   using R = Roles<G>;
@@ -468,7 +385,6 @@ __device__ __forceinline__ bool tile_product(unsigned char* smem, Shared& sh, co
     p.cpiece = lane % 4;
     p.wc = (p.s ? cs.wp[1] : cs.wp[0]) + p.cr * 64 + 16 * p.cpiece;
     p.e = (p.s ? cs.ep[1] : cs.ep[0]) + p.lr * cs.sc;
-    p.ec = (p.s ? cs.ep[1] : cs.ep[0]) + p.cr * cs.sc;
     p.xq = xq;
     p.xs = xs;
     p.ldxs = ldxs;
@@ -479,14 +395,13 @@ __device__ __forceinline__ bool tile_product(unsigned char* smem, Shared& sh, co
       p.off[n] = static_cast<uint32_t>(sh.rows[i >> 3] * in + 16 * (i & 7));
     }
     pdl_wait();
-    produce<N, G, kConsumerFence, W, kCC>(st, sh, p, cs.sc, nkb);
+    produce<N, G, kConsumerFence, W, V>(st, sh, p, cs.sc, nkb);
     return false;
   }
   if constexpr (G > 1) setmaxnreg_inc<R::kConsumerRegs>();
   const int ct = threadIdx.x - R::kProducers, slice = ct >> 7, wt = ct & 127;
   float acc[N / 2];
-  if constexpr (kCC) pdl_wait();  // the codes are the kernel before's output
-  consume<N, kConsumerFence, W, kCC>(st, sh, slice, nkb, acc, Codes<N>{xq, xs, ldxs, in, sh.rows}, ct);
+  consume<N, kConsumerFence, W, V>(st, sh, slice, nkb, acc);
   consumers_sync();  // every block consumed (so every copy and conversion landed): the stages are free
   const int r = 16 * (wt >> 5) + ((wt & 31) >> 2);
   stash_rows<N>(acc, sh.row_scale[64 * slice + r], sh.row_scale[64 * slice + r + 8], 64 * slice, wt, ex, kExPitch);
@@ -496,15 +411,17 @@ __device__ __forceinline__ bool tile_product(unsigned char* smem, Shared& sh, co
 
 // Shared state before the roles split: the tile's rows (row_of(t) for t < count, column 0's
 // past it) and the barriers. Returns the shared block.
-template <int G, int W, bool kCC, class RowOf>
+template <int G, int W, int V, class RowOf>
 __device__ __forceinline__ Shared& setup(unsigned char* smem, int count, RowOf row_of) {
   Shared& sh = *reinterpret_cast<Shared*>(smem + kStages * sizeof(Stage));
   if (threadIdx.x < kTok) sh.rows[threadIdx.x] = row_of(threadIdx.x < count ? threadIdx.x : 0);
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(&sh.full[s], (W >= 1 ? Roles<G>::kProducers / 32 : Roles<G>::kProducers) + (kCC ? kConsumers : 0));
+      mbar_init(&sh.full[s], W >= 1 ? Roles<G>::kProducers / 32 : Roles<G>::kProducers);
       mbar_init(&sh.empty[s], kConsumerWarps);
     }
+    if constexpr (V & kVariantPingPong)
+      for (int c = 0; c < 2; ++c) mbar_init(&sh.turn[c], kConsumerWarps / 2);
     mbar_init_fence();
   }
   __syncthreads();
@@ -514,8 +431,8 @@ __device__ __forceinline__ Shared& setup(unsigned char* smem, int count, RowOf r
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 // One tile's gate/up (Args = Fp8GateUpArgs) or down (Fp8DownArgs), G producer warpgroups, W the
-// by-warp level (0: by owner), kCC: the consumers copy the codes.
-template <int G, bool kConsumerFence, int W, bool kCC, class Args>
+// by-warp level (0: by owner).
+template <int G, bool kConsumerFence, int W, int V, class Args>
 __global__ void __launch_bounds__(Roles<G>::kThreads, 1) fp8_ws_kernel(const Args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr bool kGateUp = std::is_same_v<Args, Fp8GateUpArgs>;
@@ -523,42 +440,43 @@ __global__ void __launch_bounds__(Roles<G>::kThreads, 1) fp8_ws_kernel(const Arg
   unsigned char* smem = align_1024(smem_raw);
   MoeTile t;
   if (!cta_tile(a, t)) return;
-  Shared& sh = setup<G, W, kCC>(smem, t.count, [&](int c) { return act_row(a, t, c); });
+  Shared& sh = setup<G, W, V>(smem, t.count, [&](int c) { return act_row(a, t, c); });
   float* ex = reinterpret_cast<float*>(smem);
   bool stores;
   if constexpr (kGateUp) {
     const CtaSlices cs = gateup_slices(a.tab, t.expert);
     stores = t.count <= 64
-                 ? tile_product<64, G, kConsumerFence, W, kCC>(smem, sh, cs, a.xq, a.xs, a.ldxs, a.d, ex)
-                 : tile_product<128, G, kConsumerFence, W, kCC>(smem, sh, cs, a.xq, a.xs, a.ldxs, a.d, ex);
+                 ? tile_product<64, G, kConsumerFence, W, V>(smem, sh, cs, a.xq, a.xs, a.ldxs, a.d, ex)
+                 : tile_product<128, G, kConsumerFence, W, V>(smem, sh, cs, a.xq, a.xs, a.ldxs, a.d, ex);
     if (stores) store_h(ex, kExPitch, t, cs.r0, a.I, a.limit, a.H, threadIdx.x - Roles<G>::kProducers, kConsumers);
   } else {
     const CtaSlices cs = down_slices(a.tab, t.expert);
     stores = t.count <= 64
-                 ? tile_product<64, G, kConsumerFence, W, kCC>(smem, sh, cs, a.hq, a.hs, a.ldhs, a.I, ex)
-                 : tile_product<128, G, kConsumerFence, W, kCC>(smem, sh, cs, a.hq, a.hs, a.ldhs, a.I, ex);
+                 ? tile_product<64, G, kConsumerFence, W, V>(smem, sh, cs, a.hq, a.hs, a.ldhs, a.I, ex)
+                 : tile_product<128, G, kConsumerFence, W, V>(smem, sh, cs, a.hq, a.hs, a.ldhs, a.I, ex);
     if (stores)
       store_y(ex, kExPitch, t, a.slot_pair, cs.r0, a.d, a.Y, threadIdx.x - Roles<G>::kProducers, kConsumers);
   }
 #endif
 }
 
-template <int G, bool kConsumerFence, int W = 0, bool kCC = false>
+template <int G, bool kConsumerFence, int W = 0, int V = 0>
 Fp8TileKernels ws_kernels() {
-  return {fp8_ws_kernel<G, kConsumerFence, W, kCC, Fp8GateUpArgs>, fp8_ws_kernel<G, kConsumerFence, W, kCC, Fp8DownArgs>,
+  return {fp8_ws_kernel<G, kConsumerFence, W, V, Fp8GateUpArgs>, fp8_ws_kernel<G, kConsumerFence, W, V, Fp8DownArgs>,
           Roles<G>::kThreads, kSmem};
 }
 
 }  // namespace
 
-Fp8TileKernels fp8_ws_kernels(int producer_groups, bool consumer_fence, int by_warp, bool codes_by_consumers) {
+Fp8TileKernels fp8_ws_kernels(int producer_groups, bool consumer_fence, int by_warp, int variant) {
   DSV4_CHECK(producer_groups == 1 || producer_groups == 2, "fp8_ws_kernels: 1 or 2 producer warpgroups");
-  DSV4_CHECK(!codes_by_consumers || (by_warp == 0 && consumer_fence),
-             "fp8_ws_kernels: the codes by the consumers only by owner, with the fence in the consumers");
-  if (codes_by_consumers) return producer_groups == 2 ? ws_kernels<2, true, 0, true>() : ws_kernels<1, true, 0, true>();
-  DSV4_CHECK(by_warp >= 0 && by_warp <= 3 && (by_warp == 0 || (producer_groups == 1 && consumer_fence)),
-             "fp8_ws_kernels: the by-warp forms (1-3) only with one producer warpgroup and the fence in the consumers");
-  if (by_warp == 3) return ws_kernels<1, true, 3>();
+  DSV4_CHECK(variant >= 0 && variant <= 3 && (variant == 0 || (producer_groups == 1 && consumer_fence && by_warp == 0)),
+             "fp8_ws_kernels: the variants (1-3) only with one producer warpgroup by owner and the fence in the consumers");
+  if (variant == 1) return ws_kernels<1, true, 0, 1>();
+  if (variant == 2) return ws_kernels<1, true, 0, 2>();
+  if (variant == 3) return ws_kernels<1, true, 0, 3>();
+  DSV4_CHECK(by_warp >= 0 && by_warp <= 2 && (by_warp == 0 || (producer_groups == 1 && consumer_fence)),
+             "fp8_ws_kernels: the by-warp forms (1, 2) only with one producer warpgroup and the fence in the consumers");
   if (by_warp == 2) return ws_kernels<1, true, 2>();
   if (by_warp == 1) return ws_kernels<1, true, 1>();
   if (producer_groups == 2) return consumer_fence ? ws_kernels<2, true>() : ws_kernels<2, false>();

@@ -611,18 +611,11 @@ TEST(CudaMoe, Fp8WarpSpecialisedByWarpMatchesWide) {
   expect_ws_matches_wide({13, 14});
 }
 
-// Mode 14 with the packed weights loaded into the producers' registers (each lane folds the
-// whole-sector pieces it loaded, rows' bases shared by a lane quad), not staged in shared memory.
-TEST(CudaMoe, Fp8WarpSpecialisedRegistersMatchWide) {
+// Mode 6 with each block's pieces read a block ahead (18), with the consumer warpgroups taking
+// turns at the tensor pipe (19), both (20).
+TEST(CudaMoe, Fp8WarpSpecialisedVariantsMatchWide) {
   DSV4_REQUIRE_WGMMA_TILES();
-  expect_ws_matches_wide({15});
-}
-
-// Modes 6 / 8 with the tile's codes and token scales copied by the consumers (their cp.async
-// completing on the full barrier), the producers copying and folding only the weights.
-TEST(CudaMoe, Fp8WarpSpecialisedCodesByConsumersMatchWide) {
-  DSV4_REQUIRE_WGMMA_TILES();
-  expect_ws_matches_wide({16, 17});
+  expect_ws_matches_wide({18, 19, 20});
 }
 
 // The by-size rule at prefill sizes (~75 and ~175 tokens an expert) runs a warp-specialised form
@@ -651,10 +644,10 @@ TEST(CudaMoe, Fp8WarpSpecialisedTwoProducersMatchWide) {
   expect_ws_matches_wide({7, 8});
 }
 
-// The clustered TMA forms (modes 9-12) were removed (bench/NOTES.md step 25): asking for one is an
-// error that says so, not a silent fallback.
-TEST(CudaMoe, RemovedClusterFormsAreNamed) {
-  for (int mode : {9, 12}) {
+// The clustered TMA forms (modes 9-12) and those of step 26 that lost (15-17) were removed
+// (bench/NOTES.md steps 25-26): asking for one is an error that says so, not a silent fallback.
+TEST(CudaMoe, RemovedFormsAreNamed) {
+  for (int mode : {9, 12, 15, 17}) {
     try {
       cuda::set_moe_wide_tiles(mode);
       ADD_FAILURE() << "set_moe_wide_tiles(" << mode << ") accepted";
