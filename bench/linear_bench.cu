@@ -314,11 +314,6 @@ void bench_moe() {
         tiles.push_back({0, 3, 6, 0, 0, " 128-token fp8 ws consumer-fence tiles"});
         tiles.push_back({0, 3, 7, 0, 0, " 128-token fp8 ws2 tiles"});
         tiles.push_back({0, 3, 8, 0, 0, " 128-token fp8 ws2 consumer-fence tiles"});
-        tiles.push_back({0, 3, 13, 0, 0, " 128-token fp8 ws consumer-fence by-warp tiles"});
-        tiles.push_back({0, 3, 14, 0, 0, " 128-token fp8 ws consumer-fence by-warp quad-scales tiles"});
-        tiles.push_back({0, 3, 18, 0, 0, " 128-token fp8 ws consumer-fence variant pieces-ahead tiles"});
-        tiles.push_back({0, 3, 19, 0, 0, " 128-token fp8 ws consumer-fence variant ping-pong tiles"});
-        tiles.push_back({0, 3, 20, 0, 0, " 128-token fp8 ws consumer-fence variant pieces-ahead ping-pong tiles"});
       }
       const std::vector<Variant> variants = !packed ? std::vector<Variant>{all[0]} : R < 256 ? all : tiles;
       // BENCH_MOE_VARIANT=text: the default and the variants whose tag holds text (e.g. "fp8");

@@ -38,11 +38,4 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
   } while (!done);
 }
 
-// mbar_wait by lane 0 of a converged warp, the others held at the warp barrier, which orders their
-// later accesses after lane 0's acquire: one poll a warp instead of 32 on the same word.
-__device__ __forceinline__ void mbar_wait_warp(uint64_t* bar, uint32_t parity) {
-  if ((threadIdx.x & 31) == 0) mbar_wait(bar, parity);
-  __syncwarp();
-}
-
 }  // namespace dsv4::cuda::detail

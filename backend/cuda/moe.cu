@@ -371,8 +371,7 @@ const bool g_prefill_fp8 = [] {
 // Which FP8 kernels the by-size rule runs (same bits): the warp-specialised form with one producer
 // warpgroup and the proxy fence in the consumers (moe_wgmma_fp8_ws.cu, form 2: 4-6% faster than
 // the wide kernels at 4096-8192 tokens, bench/NOTES.md step 25); DSV4_MOE_PREFILL_WS=0 the wide
-// kernels (moe_wgmma_fp8_wide.cu), 1-4, 9-10 and 14-16 another form, as set_moe_wide_tiles(4-8,
-// 13-14, 18-20) forces them (5-8, 11-13: removed forms, named errors).
+// kernels (moe_wgmma_fp8_wide.cu), 1-4 another form, as set_moe_wide_tiles(4-8) forces them.
 const int g_prefill_ws = [] {
   const char* env = std::getenv("DSV4_MOE_PREFILL_WS");
   if (!env) return 2;
@@ -384,22 +383,17 @@ const int g_prefill_ws = [] {
 }();
 
 // ws form 1-4: (producer warpgroups, fence in the consumers) = (1, no), (1, yes), (2, no), (2,
-// yes); 9: form 2 by warp (whole-sector copies, one arrival and one poll a warp), 10: 9 with the
-// token scales laid out per lane quad; 14: form 2 with each block's pieces read a block ahead, 15:
-// form 2 with the consumer warpgroups taking turns at the tensor pipe (ping-pong), 16: both.
-// Removed: 5-8, the clustered TMA forms (1.8-2.9x slower, bench/NOTES.md step 25); 11-13, the
-// packed weights in registers and the codes copied by the consumers (13-37% slower, step 26).
+// yes). Removed after measuring slower (named errors): 5-8, clusters sharing the codes by TMA
+// multicast (1.8-2.9x, bench/NOTES.md step 25); 9-16, the forms of step 26 (copies by warp, per-quad
+// token scales, packed weights in registers, codes copied by the consumers, pieces read a block
+// ahead, consumer ping-pong: 1-37%).
 Fp8TileKernels fp8_tile_kernels(int ws) {
-  DSV4_CHECK(ws >= 0 && ws <= 16, "MoeRunner: DSV4_MOE_PREFILL_WS must be one of 0-4, 9-10, 14-16 (the FP8 prefill "
-                                  "expert forms; 2 = the default), not '", std::getenv("DSV4_MOE_PREFILL_WS"), "'");
-  DSV4_CHECK(ws < 5 || ws > 8, "MoeRunner: FP8 prefill form ", ws, " (DSV4_MOE_PREFILL_WS / set_moe_wide_tiles(",
-             ws + 4, ")) was a clustered TMA form, removed after it measured 1.8-2.9x slower (bench/NOTES.md step 25)");
-  DSV4_CHECK(ws < 11 || ws > 13, "MoeRunner: FP8 prefill form ", ws, " (DSV4_MOE_PREFILL_WS / set_moe_wide_tiles(",
-             ws + 4, ")) was removed after it measured 13-37% slower (packed weights in registers / codes copied by the "
-             "consumers; bench/NOTES.md step 26)");
+  DSV4_CHECK(ws >= 0 && ws <= 16, "MoeRunner: DSV4_MOE_PREFILL_WS must be one of 0-4 (the FP8 prefill expert forms; 2 "
+                                  "= the default), not '", std::getenv("DSV4_MOE_PREFILL_WS"), "'");
+  DSV4_CHECK(ws <= 4, "MoeRunner: FP8 prefill form ", ws, " (DSV4_MOE_PREFILL_WS / set_moe_wide_tiles(", ws + 4,
+             ")) was removed after it measured slower (", ws <= 8 ? "clustered TMA, 1.8-2.9x" : "step 26's forms, 1-37%",
+             "; bench/NOTES.md steps 25-26)");
   if (ws == 0) return fp8_wide_kernels();
-  if (ws >= 14) return fp8_ws_kernels(1, true, 0, ws - 13);
-  if (ws >= 9) return fp8_ws_kernels(1, true, ws - 8);
   return fp8_ws_kernels(ws > 2 ? 2 : 1, ws % 2 == 0);
 }
 
@@ -512,11 +506,10 @@ void set_moe_decode_tile(int tokens) {
 }
 
 void set_moe_wide_tiles(int mode) {
-  DSV4_CHECK(mode >= -1 && mode <= 20 && (mode < 9 || mode > 12) && (mode < 15 || mode > 17),
+  DSV4_CHECK(mode >= -1 && mode <= 8,
              "set_moe_wide_tiles: -1 (8-token tiles), 0 (by size), 1 (64-token mma.sync tiles), 2 / 3 (64- / "
-             "128-token wgmma tiles), 4-8, 13-14 and 18-20 (128-token FP8 wgmma tiles; warp-specialised from 5); 9-12 (the "
-             "clustered TMA forms, 1.8-2.9x slower) and 15-17 (weights in registers, codes by the consumers, 13-37% "
-             "slower) were removed after measuring (bench/NOTES.md steps 25-26)");
+             "128-token wgmma tiles), 4-8 (128-token FP8 wgmma tiles; warp-specialised from 5); modes 9-20 (clustered "
+             "TMA forms, then step 26's forms) were removed after measuring slower (bench/NOTES.md steps 25-26)");
   g_wide_mode = mode;
 }
 

@@ -31,15 +31,9 @@ void set_moe_mma_variant(int row_blocks, int ctas_per_sm);
 // always 64 / 128 on bf16 wgmma (moe_wgmma.cu, an error where unavailable), 4 = always 128 on FP8
 // wgmma (moe_wgmma_fp8_wide.cu), 5-8 and 13-14 = the same bits from the warp-specialised kernels
 // (moe_wgmma_fp8_ws.cu: 5 / 6 one producer warpgroup, 7 / 8 two; 6 / 8 with the generic-to-async
-// proxy fence in the consumers; 13 = 6 by warp (whole-sector copies of the packed weights, one
-// full-barrier arrival and one poll a warp), 14 = 13 with the token scales laid out per lane quad
-// (13-14 measured 5-10% slower, bench/NOTES.md step 26), 18 = 6 with each block's pieces read a
-// block ahead by the producer, 19 = 6 with the consumer warpgroups taking turns at the tensor pipe
-// (ping-pong), 20 = both (18-20 written after the last device call, not run); 9-12 (clusters
-// sharing the codes by TMA, 1.8-2.9x slower) and 15-17 (packed weights in registers, codes copied by
-// the consumers, 13-37% slower) were removed, bench/NOTES.md steps 25-26). By size: mode 6's
-// kernels (DSV4_MOE_PREFILL_WS=2, the default; 0 = mode 4's, 1-4 / 9-10 / 14-16 = modes 5-8 /
-// 13-14 / 18-20's).
+// proxy fence in the consumers; modes 9-20, clusters sharing the codes by TMA and step 26's forms,
+// were removed after measuring slower, bench/NOTES.md steps 25-26). By size: mode 6's kernels
+// (DSV4_MOE_PREFILL_WS=2, the default; 0 = mode 4's, 1-4 = modes 5-8's).
 // By size, wide tiles run on wgmma where the device (sm_90) and
 // build (arch 90a) have it: 64 tokens on bf16 (same products, fp32 sums in another order), from an
 // average of kMoeWgmma128MinTokens 128 tokens on FP8 (the group scales folded into the e4m3

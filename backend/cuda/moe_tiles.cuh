@@ -125,14 +125,7 @@ Fp8TileKernels fp8_wide_kernels();
 // make the stage's generic-proxy writes (the codes' cp.async, the folded weights' stores) visible
 // to their wgmmas after their wait, instead of the producers before their arrival (whose fence may
 // also wait on their copies still in flight; bench/NOTES.md step 23).
-// by_warp (with 1, true only): 1 = each producer warp copies its rows' packed bytes as whole
-// sectors and arrives once, each warp's lane 0 polls the stage barriers for the warp (32 lanes
-// polling one word were the suspects for the 28% excess shared wavefronts, bench/NOTES.md step 25);
-// 2 = also the token scales per lane quad (half the promotion's shared loads).
-// variant (by owner, one producer warpgroup, fence in the consumers): bit 0 = the producer reads
-// block kb + 1's pieces before folding block kb; bit 1 = the consumer warpgroups take turns
-// issuing their wgmmas (ping-pong: one promotes while the other's tensor work runs).
-Fp8TileKernels fp8_ws_kernels(int producer_groups, bool consumer_fence, int by_warp = 0, int variant = 0);
+Fp8TileKernels fp8_ws_kernels(int producer_groups, bool consumer_fence);
 // h = silu(min(g, L)) * clamp(v, ±L) (limit <= 0: plain SwiGLU), every expert kernel's epilogue.
 __device__ __forceinline__ float swiglu_clamped(float g, float v, float limit) {
   if (limit > 0.f) {

@@ -7,12 +7,10 @@
 //
 // CTA: G producer warpgroups and two consumer warpgroups. Producer thread p owns part of weight
 // row p / G (slice row / 64: gate/up W1 and W3 of the same 64 rows; down two 64-row slices of W2):
-// per 128-block it copies its share of the row's packed FP4 bytes (4 / G of the 16-byte pieces;
-// W >= 1, by warp: its warp copies the warp's rows as whole sectors), the row's E8M0 word and a share of
-// the tile's activation codes and scales into a stage by cp.async, waits for them, writes its
-// share of the row's folded e4m3 bytes (moe_fp8_fold.cuh) into the stage's A operand in the
-// 128-byte swizzle, and arrives on the stage's full barrier (by warp: once a warp; W = 2 also lays
-// the token scales out per lane quad, so a consumer loads its columns' scales as float4s).
+// per 128-block it copies its share of the row's packed FP4 bytes (4 / G of the 16-byte pieces),
+// the row's E8M0 word and a share of the tile's activation codes and scales into a stage by
+// cp.async, waits for them, writes its share of the row's folded e4m3 bytes (moe_fp8_fold.cuh)
+// into the stage's A operand in the 128-byte swizzle, and arrives on the stage's full barrier.
 // The consumers each wait for a stage, run their slice's four k32 steps as shared-memory wgmmas
 // (A: the converted slice, B: the codes), promote the block's sums into fp32 accumulators with
 // the column scales and release the stage (one arrival per warp on its empty barrier); they never
@@ -20,9 +18,12 @@
 // Copies run kAhead blocks ahead of the block being converted, the conversion up to two blocks
 // ahead of the consumers. G = 2 (512 threads) gives the conversion twice the warps to hide its
 // latency; its registers come from the consumers' share by setmaxnreg (the pool is 128 a thread).
-// (Clusters of 2 or 4 CTAs of a tile sharing its codes by TMA multicast ran 1.8x / 2.9x slower —
-// the kernel is bound by shared-memory wavefronts, not by L2 — and were removed: bench/NOTES.md
-// step 25, code at 1c59c9f.)
+// What bounds it (bench/NOTES.md step 26): the producer's instruction stream (~290 a block a warp
+// at ~4.7 cycles each) with the consumers' wgmma + promotion close behind, and per-CTA prologue and
+// epilogue (~19% of the time) that nothing overlaps. Forms that lost and were removed: clusters
+// sharing the codes by TMA multicast (1.8-2.9x slower, step 25, code at 1c59c9f); copies by warp,
+// per-quad token scales, packed weights in registers, codes copied by the consumers, pieces read a
+// block ahead, consumer ping-pong (step 26, code at e77ecbd).
 #include <cuda_runtime.h>
 
 #include <type_traits>
@@ -47,16 +48,6 @@ constexpr int kConsumers = 256, kConsumerWarps = kConsumers / 32;
 constexpr int kStages = 5;
 constexpr int kAhead = kStages - 2;  // blocks copied ahead of the one being converted
 constexpr int kExPitch = kTok + 4;   // the epilogue's [row][token] floats
-// Variants (by owner, the fence in the consumers; bench/NOTES.md step 26): the producer reads block
-// kb + 1's pieces before folding block kb; the consumer warpgroups take turns issuing a block's
-// wgmmas (WG 1 after WG 0, WG 0's next after WG 1), so one's promotion runs under the other's
-// tensor work instead of both promoting while the tensor pipe idles.
-constexpr int kVariantPiecesAhead = 1, kVariantPingPong = 2;
-// W = 2: the scales of the columns lane quad q promotes (8 u + 2 q + b, u < kTok / 8) at q x
-// kQuadPitch + 2 u + b: contiguous per quad, quads 36 floats apart (other banks for the 4 float4
-// addresses of a warp's load).
-constexpr int kQuadPitch = kTok / 4 + 4;
-__host__ __device__ constexpr int quad_slot(int t) { return ((t >> 1) & 3) * kQuadPitch + 2 * (t >> 3) + (t & 1); }
 
 // G producer warpgroups: threads, producers, pieces of a row per producer, and for G = 2 the
 // registers each role takes (setmaxnreg; the two shares sum to the pool of 128 a thread).
@@ -77,12 +68,11 @@ struct alignas(1024) Stage {
   uint8_t act[kTok * 128];
   uint8_t a[2][kSliceRows * 128];
   uint8_t w[2][kSliceRows][64];
-  float xs[4 * kQuadPitch];  // the tokens' scales: token t at t, or with W = 2 at quad_slot(t)
+  float xs[kTok];
   uint32_t e[2][kSliceRows][2];
 };
 struct Shared {  // after the stages (the epilogue reuses those)
   uint64_t full[kStages], empty[kStages];
-  uint64_t turn[2];  // kVariantPingPong: phase j of turn[c] = the other warpgroup issued its block (j, or j - 1 for WG 1)
   int32_t rows[kTok];
   float row_scale[kRows];
 };
@@ -109,8 +99,6 @@ template <int N, int G>
 struct Producer {
   int s, lr, h;
   const uint8_t* w;   // the row's packed bytes of block 0
-  int cr, cpiece;     // by warp: the row (of slice s, + 8 k for copy k) and 16-byte piece this thread copies
-  const uint8_t* wc;  // by warp: that piece's packed bytes in block 0
   const uint8_t* e;  // the row's E8M0 bytes
   const uint8_t* xq;
   uint32_t off[N * 8 / Roles<G>::kProducers];
@@ -121,11 +109,8 @@ struct Producer {
 };
 
 // Block kb into stage `si`: this thread's share of the codes, one token scale (threads < N),
-// kPieces pieces of its row (W >= 1: of its warp's rows) and its row's E8M0 word; one cp.async
-// group. By warp, copy k of a warp moves 8 whole 64-byte rows (4 lanes a row), so no request reads
-// half a sector (by owner, 32 rows x 16 bytes: 35% of the kernel's L2 sectors were excess,
-// bench/NOTES.md step 25); the owner then reads its row after a __syncwarp.
-template <int N, int G, int W>
+// kPieces pieces of its row and its row's E8M0 word; one cp.async group.
+template <int N, int G>
 __device__ __forceinline__ void copy_block(Stage& stage, const Producer<N, G>& p, int kb) {
   constexpr int P = Roles<G>::kProducers, kPieces = Roles<G>::kPieces;
   const int t0 = threadIdx.x;
@@ -134,19 +119,12 @@ __device__ __forceinline__ void copy_block(Stage& stage, const Producer<N, G>& p
     const int i = t0 + P * n, t = i >> 3, c = i & 7;
     cp_async16(stage.act + t * 128 + ((c ^ (t & 7)) << 4), p.xq + kb * 128 + p.off[n]);
   }
-  if (t0 < N) cp_async4(&stage.xs[W >= 2 ? quad_slot(t0) : t0], p.xs + kb * p.ldxs + p.rows[t0]);
-  if constexpr (W >= 1) {
-    const uint8_t* w = p.wc + static_cast<int64_t>(kb) * kPackedBlockStride;
+  if (t0 < N) cp_async4(&stage.xs[t0], p.xs + kb * p.ldxs + p.rows[t0]);
+  const uint8_t* w = p.w + static_cast<int64_t>(kb) * kPackedBlockStride;
 #pragma unroll
-    for (int k = 0; k < kPieces; ++k)
-      cp_async16(&stage.w[p.s][p.cr + 8 * k][raw_piece(p.cr + 8 * k, p.cpiece)], w + 8 * 64 * k);
-  } else {
-    const uint8_t* w = p.w + static_cast<int64_t>(kb) * kPackedBlockStride;
-#pragma unroll
-    for (int k = 0; k < kPieces; ++k) {
-      const int i = p.h * kPieces + k;
-      cp_async16(&stage.w[p.s][p.lr][raw_piece(p.lr, i)], w + 16 * i);
-    }
+  for (int k = 0; k < kPieces; ++k) {
+    const int i = p.h * kPieces + k;
+    cp_async16(&stage.w[p.s][p.lr][raw_piece(p.lr, i)], w + 16 * i);
   }
   cp_async4(&stage.e[p.s][p.lr][p.h], p.e + kb * 4);
   cp_async_commit();
@@ -194,16 +172,17 @@ __device__ __noinline__ void fold_rounded(const Stage& st, int s, int lr, int h,
   }
 }
 
-// This thread's part of its row of a stage's block (its pieces v and E8M0 word e, read from the
-// stage), folded into the stage's A operand.
+// This thread's part of its row of a stage's block, folded into the stage's A operand.
 template <int G>
-__device__ __forceinline__ void fold_loaded(Stage& st, int s, int lr, int h, const RowBase& rb,
-                                            const uint4 (&v)[Roles<G>::kPieces], uint32_t e) {
+__device__ __forceinline__ void fold(Stage& st, int s, int lr, int h, const RowBase& rb) {
+  const uint32_t e = st.e[s][lr][h];
   uint8_t* dst = st.a[s] + lr * 128;
   if (__builtin_expect(needs_rounding(rb, e), 0)) {
     fold_rounded<G>(st, s, lr, h, rb.base, e, dst);
     return;
   }
+  uint4 v[Roles<G>::kPieces];
+  load_pieces<G>(st, s, lr, h, v);
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     uint32_t lo, hi;
@@ -211,83 +190,37 @@ __device__ __forceinline__ void fold_loaded(Stage& st, int s, int lr, int h, con
     fold_step<G>(v, j, lo, hi, dst, lr, h);
   }
 }
-template <int G>
-__device__ __forceinline__ void fold(Stage& st, int s, int lr, int h, const RowBase& rb) {
-  uint4 v[Roles<G>::kPieces];
-  load_pieces<G>(st, s, lr, h, v);
-  fold_loaded<G>(st, s, lr, h, rb, v, st.e[s][lr][h]);
-}
-
 // The producers: every block's copies (kAhead ahead) and this thread's conversion, then the full
-// barrier's arrival. A stage is refilled once both consumers released the block it held (with TMA:
-// the consumers of all C CTAs, whose stages the copy writes). The row's exponent base is found
-// while the first copies are in flight.
-template <int N, int G, bool kConsumerFence, int W, int V>
+// barrier's arrival. A stage is refilled once both consumers released the block it held. The row's
+// exponent base is found while the first copies are in flight.
+template <int N, int G, bool kConsumerFence>
 __device__ __forceinline__ void produce(Stage* st, Shared& sh, Producer<N, G>& p, int64_t sc, int nkb) {
-  constexpr bool kPiecesAhead = V & kVariantPiecesAhead;
-  uint4 v[Roles<G>::kPieces];  // kPiecesAhead: block kb's pieces and E8M0 word, read a block early
-  uint32_t ew = 0;
   for (int b = 0; b < kAhead; ++b) {
     if (b < nkb)
-      copy_block<N, G, W>(st[b], p, b);
+      copy_block<N, G>(st[b], p, b);
     else
       cp_async_commit();
   }
   p.rb = row_base_thread(p.e, sc);
   if (p.h == 0) sh.row_scale[64 * p.s + p.lr] = p.rb.scale;
-  if constexpr (kPiecesAhead) {
-    cp_async_wait<kAhead - 1>();  // block 0 has landed
-    load_pieces<G>(st[0], p.s, p.lr, p.h, v);
-    ew = st[0].e[p.s][p.lr][p.h];
-  }
   for (int kb = 0; kb < nkb; ++kb) {
     const int nb = kb + kAhead;
     if (nb < nkb) {
-      if (nb >= kStages) {
-        if constexpr (W >= 1)
-          mbar_wait_warp(&sh.empty[nb % kStages], ((nb / kStages) & 1) ^ 1);
-        else
-          mbar_wait(&sh.empty[nb % kStages], ((nb / kStages) & 1) ^ 1);
-      }
-      copy_block<N, G, W>(st[nb % kStages], p, nb);
+      if (nb >= kStages) mbar_wait(&sh.empty[nb % kStages], ((nb / kStages) & 1) ^ 1);
+      copy_block<N, G>(st[nb % kStages], p, nb);
     } else {
       cp_async_commit();
     }
-    if constexpr (kPiecesAhead) {
-      // Block kb + 1's pieces read before block kb is folded: the shared loads' latency (16% of
-      // the producer's stalls, bench/NOTES.md step 26) hides behind the fold.
-      cp_async_wait<kAhead - 1>();  // this thread's copies of block kb + 1 have landed
-      uint4 vn[Roles<G>::kPieces];
-      uint32_t en = 0;
-      if (kb + 1 < nkb) {
-        load_pieces<G>(st[(kb + 1) % kStages], p.s, p.lr, p.h, vn);
-        en = st[(kb + 1) % kStages].e[p.s][p.lr][p.h];
-      }
-      fold_loaded<G>(st[kb % kStages], p.s, p.lr, p.h, p.rb, v, ew);
-#pragma unroll
-      for (int k = 0; k < Roles<G>::kPieces; ++k) v[k] = vn[k];
-      ew = en;
-    } else {
-      cp_async_wait<kAhead>();  // this thread's copies of block kb have landed
-      if constexpr (W >= 1) __syncwarp();  // and so have the warp's: this thread's row was copied by others
-      fold<G>(st[kb % kStages], p.s, p.lr, p.h, p.rb);
-    }
+    cp_async_wait<kAhead>();  // this thread's copies of block kb have landed
+    fold<G>(st[kb % kStages], p.s, p.lr, p.h, p.rb);
     if constexpr (!kConsumerFence) fence_proxy_async_smem();  // the codes and folded bytes visible to the wgmmas
-    if constexpr (W >= 1) {
-      // One arrival a warp (the lanes' writes ordered before it by the warp barrier): 32 arrivals
-      // on one shared word may serialise (28% of the kernel's shared wavefronts were excess).
-      __syncwarp();
-      if ((threadIdx.x & 31) == 0) mbar_arrive(&sh.full[kb % kStages]);
-    } else {
-      mbar_arrive(&sh.full[kb % kStages]);
-    }
+    mbar_arrive(&sh.full[kb % kStages]);
   }
   cp_async_wait<0>();
 }
 
-// A block's four k32 wgmmas of this warpgroup's slice, issued and committed (block_wait: done).
 template <int N>
-__device__ __forceinline__ void block_issue(float (&c)[N / 2], const Stage& st, int slice) {
+__device__ __forceinline__ void block_product(float (&c)[N / 2], const Stage& st, int slice) {
   wgmma_fence();
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
@@ -298,63 +231,23 @@ __device__ __forceinline__ void block_issue(float (&c)[N / 2], const Stage& st, 
       wgmma_m64n64k32_e4m3_ss(c, da, db, j > 0);
   }
   wgmma_commit();
-}
-template <int N>
-__device__ __forceinline__ void block_wait(float (&c)[N / 2]) {
   wgmma_wait<0>();
   wgmma_pin(c);
 }
 
-// promote (moe_fp8_fold.cuh) from the per-quad layout: the same products in the same order, half
-// the loads (16 LDS.64 a thread and block at N = 128 were a tenth of the shared wavefronts).
-template <int N>
-__device__ __forceinline__ void promote_quad(const float (&c)[N / 2], const float* xs, float (&acc)[N / 2]) {
-  const float* mine = xs + (threadIdx.x & 3) * kQuadPitch;
-#pragma unroll
-  for (int i = 0; i < N / 16; ++i) {
-    const float4 v = *reinterpret_cast<const float4*>(mine + 4 * i);
-    const int a = 8 * i;  // accumulators of u = 2 i (v.x, v.y) and u = 2 i + 1 (v.z, v.w)
-    acc[a + 0] = fmaf(c[a + 0], v.x, acc[a + 0]);
-    acc[a + 1] = fmaf(c[a + 1], v.y, acc[a + 1]);
-    acc[a + 2] = fmaf(c[a + 2], v.x, acc[a + 2]);
-    acc[a + 3] = fmaf(c[a + 3], v.y, acc[a + 3]);
-    acc[a + 4] = fmaf(c[a + 4], v.z, acc[a + 4]);
-    acc[a + 5] = fmaf(c[a + 5], v.w, acc[a + 5]);
-    acc[a + 6] = fmaf(c[a + 6], v.z, acc[a + 6]);
-    acc[a + 7] = fmaf(c[a + 7], v.w, acc[a + 7]);
-  }
-}
-
 // A consumer warpgroup: acc = slice · the tile's first N tokens over all blocks, each block's
 // sums promoted with the columns' activation scales.
-template <int N, bool kConsumerFence, int W, int V>
+template <int N, bool kConsumerFence>
 __device__ __forceinline__ void consume(Stage* st, Shared& sh, int slice, int nkb, float (&acc)[N / 2]) {
   float c[N / 2];
 #pragma unroll
   for (int i = 0; i < N / 2; ++i) acc[i] = 0.f;
   for (int kb = 0; kb < nkb; ++kb) {
     const int s = kb % kStages;
-    if constexpr (W >= 1)
-      mbar_wait_warp(&sh.full[s], (kb / kStages) & 1);
-    else
-      mbar_wait(&sh.full[s], (kb / kStages) & 1);
+    mbar_wait(&sh.full[s], (kb / kStages) & 1);
     if constexpr (kConsumerFence) fence_proxy_async_smem();  // what the producers wrote, to the wgmmas
-    if constexpr (V & kVariantPingPong) {  // WG 0 issues block kb after WG 1 issued kb - 1, WG 1 after WG 0 issued kb
-      if (slice == 1)
-        mbar_wait(&sh.turn[1], kb & 1);
-      else if (kb > 0)
-        mbar_wait(&sh.turn[0], (kb - 1) & 1);
-    }
-    block_issue<N>(c, st[s], slice);
-    if constexpr (V & kVariantPingPong) {
-      __syncwarp();
-      if ((threadIdx.x & 31) == 0) mbar_arrive(&sh.turn[1 - slice]);
-    }
-    block_wait<N>(c);
-    if constexpr (W >= 2)
-      promote_quad<N>(c, st[s].xs, acc);
-    else
-      promote<N>(c, st[s].xs, acc);
+    block_product<N>(c, st[s], slice);
+    promote<N>(c, st[s].xs, acc);
     __syncwarp();
     if ((threadIdx.x & 31) == 0) mbar_arrive(&sh.empty[s]);
   }
@@ -366,7 +259,7 @@ __device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;
 // The CTA's 128 rows x N tokens into the epilogue's [row][kExPitch] floats (row 64 s + r: slice
 // s), scaled; in: K. Returns whether this thread stores the epilogue (the consumers: the
 // producers leave once their blocks are out).
-template <int N, int G, bool kConsumerFence, int W, int V>
+template <int N, int G, bool kConsumerFence>
 __device__ __forceinline__ bool tile_product(unsigned char* smem, Shared& sh, const CtaSlices& cs, const uint8_t* xq,
                                              const float* xs, int64_t ldxs, int64_t in, float* ex) {
   using R = Roles<G>;
@@ -380,10 +273,6 @@ __device__ __forceinline__ bool tile_product(unsigned char* smem, Shared& sh, co
     p.lr = row % kSliceRows;
     p.h = threadIdx.x % G;
     p.w = (p.s ? cs.wp[1] : cs.wp[0]) + p.lr * 64;
-    const int lane = threadIdx.x & 31;
-    p.cr = (threadIdx.x - lane) / G % kSliceRows + lane / 4;  // the warp's rows are all in slice p.s
-    p.cpiece = lane % 4;
-    p.wc = (p.s ? cs.wp[1] : cs.wp[0]) + p.cr * 64 + 16 * p.cpiece;
     p.e = (p.s ? cs.ep[1] : cs.ep[0]) + p.lr * cs.sc;
     p.xq = xq;
     p.xs = xs;
@@ -395,13 +284,13 @@ __device__ __forceinline__ bool tile_product(unsigned char* smem, Shared& sh, co
       p.off[n] = static_cast<uint32_t>(sh.rows[i >> 3] * in + 16 * (i & 7));
     }
     pdl_wait();
-    produce<N, G, kConsumerFence, W, V>(st, sh, p, cs.sc, nkb);
+    produce<N, G, kConsumerFence>(st, sh, p, cs.sc, nkb);
     return false;
   }
   if constexpr (G > 1) setmaxnreg_inc<R::kConsumerRegs>();
   const int ct = threadIdx.x - R::kProducers, slice = ct >> 7, wt = ct & 127;
   float acc[N / 2];
-  consume<N, kConsumerFence, W, V>(st, sh, slice, nkb, acc);
+  consume<N, kConsumerFence>(st, sh, slice, nkb, acc);
   consumers_sync();  // every block consumed (so every copy and conversion landed): the stages are free
   const int r = 16 * (wt >> 5) + ((wt & 31) >> 2);
   stash_rows<N>(acc, sh.row_scale[64 * slice + r], sh.row_scale[64 * slice + r + 8], 64 * slice, wt, ex, kExPitch);
@@ -411,17 +300,15 @@ __device__ __forceinline__ bool tile_product(unsigned char* smem, Shared& sh, co
 
 // Shared state before the roles split: the tile's rows (row_of(t) for t < count, column 0's
 // past it) and the barriers. Returns the shared block.
-template <int G, int W, int V, class RowOf>
+template <int G, class RowOf>
 __device__ __forceinline__ Shared& setup(unsigned char* smem, int count, RowOf row_of) {
   Shared& sh = *reinterpret_cast<Shared*>(smem + kStages * sizeof(Stage));
   if (threadIdx.x < kTok) sh.rows[threadIdx.x] = row_of(threadIdx.x < count ? threadIdx.x : 0);
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(&sh.full[s], W >= 1 ? Roles<G>::kProducers / 32 : Roles<G>::kProducers);
+      mbar_init(&sh.full[s], Roles<G>::kProducers);
       mbar_init(&sh.empty[s], kConsumerWarps);
     }
-    if constexpr (V & kVariantPingPong)
-      for (int c = 0; c < 2; ++c) mbar_init(&sh.turn[c], kConsumerWarps / 2);
     mbar_init_fence();
   }
   __syncthreads();
@@ -430,9 +317,8 @@ __device__ __forceinline__ Shared& setup(unsigned char* smem, int count, RowOf r
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-// One tile's gate/up (Args = Fp8GateUpArgs) or down (Fp8DownArgs), G producer warpgroups, W the
-// by-warp level (0: by owner).
-template <int G, bool kConsumerFence, int W, int V, class Args>
+// One tile's gate/up (Args = Fp8GateUpArgs) or down (Fp8DownArgs), G producer warpgroups.
+template <int G, bool kConsumerFence, class Args>
 __global__ void __launch_bounds__(Roles<G>::kThreads, 1) fp8_ws_kernel(const Args a) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr bool kGateUp = std::is_same_v<Args, Fp8GateUpArgs>;
@@ -440,45 +326,36 @@ __global__ void __launch_bounds__(Roles<G>::kThreads, 1) fp8_ws_kernel(const Arg
   unsigned char* smem = align_1024(smem_raw);
   MoeTile t;
   if (!cta_tile(a, t)) return;
-  Shared& sh = setup<G, W, V>(smem, t.count, [&](int c) { return act_row(a, t, c); });
+  Shared& sh = setup<G>(smem, t.count, [&](int c) { return act_row(a, t, c); });
   float* ex = reinterpret_cast<float*>(smem);
   bool stores;
   if constexpr (kGateUp) {
     const CtaSlices cs = gateup_slices(a.tab, t.expert);
     stores = t.count <= 64
-                 ? tile_product<64, G, kConsumerFence, W, V>(smem, sh, cs, a.xq, a.xs, a.ldxs, a.d, ex)
-                 : tile_product<128, G, kConsumerFence, W, V>(smem, sh, cs, a.xq, a.xs, a.ldxs, a.d, ex);
+                 ? tile_product<64, G, kConsumerFence>(smem, sh, cs, a.xq, a.xs, a.ldxs, a.d, ex)
+                 : tile_product<128, G, kConsumerFence>(smem, sh, cs, a.xq, a.xs, a.ldxs, a.d, ex);
     if (stores) store_h(ex, kExPitch, t, cs.r0, a.I, a.limit, a.H, threadIdx.x - Roles<G>::kProducers, kConsumers);
   } else {
     const CtaSlices cs = down_slices(a.tab, t.expert);
     stores = t.count <= 64
-                 ? tile_product<64, G, kConsumerFence, W, V>(smem, sh, cs, a.hq, a.hs, a.ldhs, a.I, ex)
-                 : tile_product<128, G, kConsumerFence, W, V>(smem, sh, cs, a.hq, a.hs, a.ldhs, a.I, ex);
+                 ? tile_product<64, G, kConsumerFence>(smem, sh, cs, a.hq, a.hs, a.ldhs, a.I, ex)
+                 : tile_product<128, G, kConsumerFence>(smem, sh, cs, a.hq, a.hs, a.ldhs, a.I, ex);
     if (stores)
       store_y(ex, kExPitch, t, a.slot_pair, cs.r0, a.d, a.Y, threadIdx.x - Roles<G>::kProducers, kConsumers);
   }
 #endif
 }
 
-template <int G, bool kConsumerFence, int W = 0, int V = 0>
+template <int G, bool kConsumerFence>
 Fp8TileKernels ws_kernels() {
-  return {fp8_ws_kernel<G, kConsumerFence, W, V, Fp8GateUpArgs>, fp8_ws_kernel<G, kConsumerFence, W, V, Fp8DownArgs>,
+  return {fp8_ws_kernel<G, kConsumerFence, Fp8GateUpArgs>, fp8_ws_kernel<G, kConsumerFence, Fp8DownArgs>,
           Roles<G>::kThreads, kSmem};
 }
 
 }  // namespace
 
-Fp8TileKernels fp8_ws_kernels(int producer_groups, bool consumer_fence, int by_warp, int variant) {
+Fp8TileKernels fp8_ws_kernels(int producer_groups, bool consumer_fence) {
   DSV4_CHECK(producer_groups == 1 || producer_groups == 2, "fp8_ws_kernels: 1 or 2 producer warpgroups");
-  DSV4_CHECK(variant >= 0 && variant <= 3 && (variant == 0 || (producer_groups == 1 && consumer_fence && by_warp == 0)),
-             "fp8_ws_kernels: the variants (1-3) only with one producer warpgroup by owner and the fence in the consumers");
-  if (variant == 1) return ws_kernels<1, true, 0, 1>();
-  if (variant == 2) return ws_kernels<1, true, 0, 2>();
-  if (variant == 3) return ws_kernels<1, true, 0, 3>();
-  DSV4_CHECK(by_warp >= 0 && by_warp <= 2 && (by_warp == 0 || (producer_groups == 1 && consumer_fence)),
-             "fp8_ws_kernels: the by-warp forms (1, 2) only with one producer warpgroup and the fence in the consumers");
-  if (by_warp == 2) return ws_kernels<1, true, 2>();
-  if (by_warp == 1) return ws_kernels<1, true, 1>();
   if (producer_groups == 2) return consumer_fence ? ws_kernels<2, true>() : ws_kernels<2, false>();
   return consumer_fence ? ws_kernels<1, true>() : ws_kernels<1, false>();
 }
