@@ -603,6 +603,13 @@ TEST(CudaMoe, Fp8WarpSpecialisedTilesMatchWide) {
   expect_ws_matches_wide({5, 6});
 }
 
+// Mode 6 persistent (one CTA an SM walking the items, outputs stored from registers): the same
+// bits on every case, including rings shorter than the stages and many items per CTA.
+TEST(CudaMoe, Fp8WarpSpecialisedPersistentMatchesWide) {
+  DSV4_REQUIRE_WGMMA_TILES();
+  expect_ws_matches_wide({21});
+}
+
 // The by-size rule at prefill sizes (~75 and ~175 tokens an expert) runs a warp-specialised form
 // by default (DSV4_MOE_PREFILL_WS): its outputs are the wide kernels' bit for bit.
 TEST(CudaMoe, BySizePrefillTilesMatchWide) {
