@@ -27,7 +27,6 @@
 #include "backend/cuda/moe.h"
 #include "backend/cuda/moe_route.cuh"
 #include "backend/cuda/moe_tiles.cuh"
-#include "backend/cuda/ops_common.cuh"
 #include "backend/cuda/pdl.cuh"
 
 namespace dsv4::cuda {
@@ -357,10 +356,8 @@ template <typename Kernel, typename... Args>
 void launch_fp8_tiles(Kernel kernel, const Fp8TileKernels& k, int64_t grid_x, unsigned max_tiles, cudaStream_t s,
                       Args&&... args) {
   DSV4_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(k.smem)));
-  // The persistent form: one CTA an SM, walking the (tile, slice) items itself.
-  const dim3 grid = k.persistent ? dim3(static_cast<unsigned>(detail::sm_count()))
-                                 : dim3(static_cast<unsigned>(grid_x), max_tiles);
-  launch_dependent(kernel, grid, dim3(k.threads), k.smem, s, std::forward<Args>(args)...);
+  launch_dependent(kernel, dim3(static_cast<unsigned>(grid_x), max_tiles), dim3(k.threads), k.smem, s,
+                   std::forward<Args>(args)...);
 }
 
 int g_wide_mode = 0;  // set_moe_wide_tiles
@@ -374,7 +371,7 @@ const bool g_prefill_fp8 = [] {
 // Which FP8 kernels the by-size rule runs (same bits): the warp-specialised form with one producer
 // warpgroup and the proxy fence in the consumers (moe_wgmma_fp8_ws.cu, form 2: 4-6% faster than
 // the wide kernels at 4096-8192 tokens, bench/NOTES.md step 25); DSV4_MOE_PREFILL_WS=0 the wide
-// kernels (moe_wgmma_fp8_wide.cu), 1-4 and 17 another form, as set_moe_wide_tiles(4-8, 21) forces them.
+// kernels (moe_wgmma_fp8_wide.cu), 1-4 another form, as set_moe_wide_tiles(4-8) forces them.
 const int g_prefill_ws = [] {
   const char* env = std::getenv("DSV4_MOE_PREFILL_WS");
   if (!env) return 2;
@@ -386,14 +383,13 @@ const int g_prefill_ws = [] {
 }();
 
 // ws form 1-4: (producer warpgroups, fence in the consumers) = (1, no), (1, yes), (2, no), (2,
-// yes); 17: form 2 persistent (a CTA an SM walking the items). Removed after measuring slower (named errors): 5-8, clusters sharing the codes by TMA
+// yes). Removed after measuring slower (named errors): 5-8, clusters sharing the codes by TMA
 // multicast (1.8-2.9x, bench/NOTES.md step 25); 9-16, the forms of step 26 (copies by warp, per-quad
 // token scales, packed weights in registers, codes copied by the consumers, pieces read a block
-// ahead, consumer ping-pong: 1-37%).
+// ahead, consumer ping-pong, persistent CTAs: 1-37%).
 Fp8TileKernels fp8_tile_kernels(int ws) {
-  DSV4_CHECK(ws >= 0 && ws <= 17, "MoeRunner: DSV4_MOE_PREFILL_WS must be one of 0-4, 17 (the FP8 prefill expert forms; "
-                                  "2 = the default), not '", std::getenv("DSV4_MOE_PREFILL_WS"), "'");
-  if (ws == 17) return fp8_ws_persistent_kernels();
+  DSV4_CHECK(ws >= 0 && ws <= 17, "MoeRunner: DSV4_MOE_PREFILL_WS must be one of 0-4 (the FP8 prefill expert forms; 2 "
+                                  "= the default), not '", std::getenv("DSV4_MOE_PREFILL_WS"), "'");
   DSV4_CHECK(ws <= 4, "MoeRunner: FP8 prefill form ", ws, " (DSV4_MOE_PREFILL_WS / set_moe_wide_tiles(", ws + 4,
              ")) was removed after it measured slower (", ws <= 8 ? "clustered TMA, 1.8-2.9x" : "step 26's forms, 1-37%",
              "; bench/NOTES.md steps 25-26)");
@@ -510,10 +506,9 @@ void set_moe_decode_tile(int tokens) {
 }
 
 void set_moe_wide_tiles(int mode) {
-  DSV4_CHECK(mode >= -1 && (mode <= 8 || mode == 21),
+  DSV4_CHECK(mode >= -1 && mode <= 8,
              "set_moe_wide_tiles: -1 (8-token tiles), 0 (by size), 1 (64-token mma.sync tiles), 2 / 3 (64- / "
-             "128-token wgmma tiles), 4-8 and 21 (128-token FP8 wgmma tiles; warp-specialised from 5, 21 persistent); "
-             "modes 9-20 (clustered "
+             "128-token wgmma tiles), 4-8 (128-token FP8 wgmma tiles; warp-specialised from 5); modes 9-21 (clustered "
              "TMA forms, then step 26's forms) were removed after measuring slower (bench/NOTES.md steps 25-26)");
   g_wide_mode = mode;
 }

@@ -154,12 +154,12 @@ __device__ __forceinline__ CtaSlices cta_slices(const DevWeight& w0, const DevWe
   c.ep[1] = w1.scale + r1 * c.sc;
   return c;
 }
-__device__ __forceinline__ CtaSlices gateup_slices(const DevWeight* tab, int expert, int x = blockIdx.x) {
-  const int64_t r0 = static_cast<int64_t>(x) * 64;
+__device__ __forceinline__ CtaSlices gateup_slices(const DevWeight* tab, int expert) {
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * 64;
   return cta_slices(tab[3 * expert], tab[3 * expert + 2], r0, r0);  // W1, W3
 }
-__device__ __forceinline__ CtaSlices down_slices(const DevWeight* tab, int expert, int x = blockIdx.x) {
-  const int64_t r0 = static_cast<int64_t>(x) * 128;
+__device__ __forceinline__ CtaSlices down_slices(const DevWeight* tab, int expert) {
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * 128;
   return cta_slices(tab[3 * expert + 1], tab[3 * expert + 1], r0, r0 + 64);
 }
 

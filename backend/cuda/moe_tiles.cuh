@@ -119,7 +119,6 @@ struct Fp8TileKernels {
   void (*down)(Fp8DownArgs);
   int threads;
   size_t smem;
-  bool persistent = false;  // one CTA an SM walking (tile, slice) items, not a CTA an item
 };
 Fp8TileKernels fp8_wide_kernels();
 // producer_groups: 1 or 2 producer warpgroups (384 / 512 threads); consumer_fence: the consumers
@@ -127,10 +126,6 @@ Fp8TileKernels fp8_wide_kernels();
 // to their wgmmas after their wait, instead of the producers before their arrival (whose fence may
 // also wait on their copies still in flight; bench/NOTES.md step 23).
 Fp8TileKernels fp8_ws_kernels(int producer_groups, bool consumer_fence);
-// Form 2 persistent: a CTA per SM walks the (tile, row slice) items, its producers running into the
-// next item while its consumers store the last one's outputs (straight from registers; gate/up's
-// W3 half through shared memory); 4 stages instead of 5.
-Fp8TileKernels fp8_ws_persistent_kernels();
 // h = silu(min(g, L)) * clamp(v, ±L) (limit <= 0: plain SwiGLU), every expert kernel's epilogue.
 __device__ __forceinline__ float swiglu_clamped(float g, float v, float limit) {
   if (limit > 0.f) {

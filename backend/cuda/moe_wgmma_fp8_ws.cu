@@ -15,7 +15,7 @@
 // (A: the converted slice, B: the codes), promote the block's sums into fp32 accumulators with
 // the column scales and release the stage (one arrival per warp on its empty barrier); they never
 // wait for each other, and they alone run the epilogue (the producers leave after their loop).
-// Copies run S - 2 blocks ahead of the block being converted (S stages), the conversion up to two blocks
+// Copies run kAhead blocks ahead of the block being converted, the conversion up to two blocks
 // ahead of the consumers. G = 2 (512 threads) gives the conversion twice the warps to hide its
 // latency; its registers come from the consumers' share by setmaxnreg (the pool is 128 a thread).
 // What bounds it (bench/NOTES.md step 26): the producer's instruction stream (~290 a block a warp
@@ -46,6 +46,7 @@ constexpr int kSliceRows = kPackTileRows;  // one consumer's weight rows (one pa
 constexpr int kRows = 2 * kSliceRows;      // the CTA's weight rows
 constexpr int kConsumers = 256, kConsumerWarps = kConsumers / 32;
 constexpr int kStages = 5;
+constexpr int kAhead = kStages - 2;  // blocks copied ahead of the one being converted
 constexpr int kExPitch = kTok + 4;   // the epilogue's [row][token] floats
 
 // G producer warpgroups: threads, producers, pieces of a row per producer, and for G = 2 the
@@ -79,14 +80,6 @@ constexpr size_t kSmem = 1024 + kStages * sizeof(Stage) + sizeof(Shared);  // + 
 static_assert(kRows * kExPitch * sizeof(float) <= kStages * sizeof(Stage), "epilogue fits the stages");
 static_assert(kSmem <= 227 * 1024, "one CTA's shared memory");
 
-// The persistent form: the stages, then the barriers.
-constexpr int kPStages = kStages;
-struct PShared {
-  uint64_t full[kPStages], empty[kPStages];
-};
-constexpr size_t kPSmem = 1024 + kPStages * sizeof(Stage) + sizeof(PShared);
-static_assert(kPSmem <= 227 * 1024, "one CTA's shared memory");
-
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
 __device__ __forceinline__ int raw_piece(int r, int i) { return 16 * (i ^ ((r >> 1) & 3)); }
@@ -111,7 +104,7 @@ struct Producer {
   uint32_t off[N * 8 / Roles<G>::kProducers];
   const float* xs;
   int64_t ldxs;
-  int32_t xrow;  // the activation row of token threadIdx.x (its scale's row; threads < N)
+  const int32_t* rows;
   RowBase rb;
 };
 
@@ -126,7 +119,7 @@ __device__ __forceinline__ void copy_block(Stage& stage, const Producer<N, G>& p
     const int i = t0 + P * n, t = i >> 3, c = i & 7;
     cp_async16(stage.act + t * 128 + ((c ^ (t & 7)) << 4), p.xq + kb * 128 + p.off[n]);
   }
-  if (t0 < N) cp_async4(&stage.xs[t0], p.xs + kb * p.ldxs + p.xrow);
+  if (t0 < N) cp_async4(&stage.xs[t0], p.xs + kb * p.ldxs + p.rows[t0]);
   const uint8_t* w = p.w + static_cast<int64_t>(kb) * kPackedBlockStride;
 #pragma unroll
   for (int k = 0; k < kPieces; ++k) {
@@ -197,47 +190,31 @@ __device__ __forceinline__ void fold(Stage& st, int s, int lr, int h, const RowB
     fold_step<G>(v, j, lo, hi, dst, lr, h);
   }
 }
-// A ring of S stages and its barriers; block kb of an item is ring block g0 + kb (stage (g0 + kb) %
-// S, phase (g0 + kb) / S): the persistent kernel's items follow each other in one ring.
-template <int S>
-struct Ring {
-  Stage* st;
-  uint64_t *full, *empty;
-  int g0;
-  __device__ __forceinline__ Stage& stage(int kb) const { return st[(g0 + kb) % S]; }
-  __device__ __forceinline__ uint64_t* full_of(int kb) const { return &full[(g0 + kb) % S]; }
-  __device__ __forceinline__ uint64_t* empty_of(int kb) const { return &empty[(g0 + kb) % S]; }
-  __device__ __forceinline__ uint32_t phase(int kb) const { return ((g0 + kb) / S) & 1; }
-};
-
-// The producers: every block's copies (S - 2 ahead) and this thread's conversion, then the full
+// The producers: every block's copies (kAhead ahead) and this thread's conversion, then the full
 // barrier's arrival. A stage is refilled once both consumers released the block it held. The row's
-// exponent base is found while the first copies are in flight (row_scale: where it goes, if kept).
-template <int N, int G, bool kConsumerFence, int S>
-__device__ __forceinline__ void produce(const Ring<S>& ring, float* row_scale, Producer<N, G>& p, int64_t sc, int nkb) {
-  constexpr int kAheadS = S - 2;
-  for (int b = 0; b < kAheadS; ++b) {
-    if (b < nkb) {
-      if (ring.g0 + b >= S) mbar_wait(ring.empty_of(b), ring.phase(b) ^ 1);  // persistent: the last item's stage
-      copy_block<N, G>(ring.stage(b), p, b);
-    } else {
+// exponent base is found while the first copies are in flight.
+template <int N, int G, bool kConsumerFence>
+__device__ __forceinline__ void produce(Stage* st, Shared& sh, Producer<N, G>& p, int64_t sc, int nkb) {
+  for (int b = 0; b < kAhead; ++b) {
+    if (b < nkb)
+      copy_block<N, G>(st[b], p, b);
+    else
       cp_async_commit();
-    }
   }
   p.rb = row_base_thread(p.e, sc);
-  if (row_scale && p.h == 0) row_scale[64 * p.s + p.lr] = p.rb.scale;
+  if (p.h == 0) sh.row_scale[64 * p.s + p.lr] = p.rb.scale;
   for (int kb = 0; kb < nkb; ++kb) {
-    const int nb = kb + kAheadS;
+    const int nb = kb + kAhead;
     if (nb < nkb) {
-      if (ring.g0 + nb >= S) mbar_wait(ring.empty_of(nb), ring.phase(nb) ^ 1);
-      copy_block<N, G>(ring.stage(nb), p, nb);
+      if (nb >= kStages) mbar_wait(&sh.empty[nb % kStages], ((nb / kStages) & 1) ^ 1);
+      copy_block<N, G>(st[nb % kStages], p, nb);
     } else {
       cp_async_commit();
     }
-    cp_async_wait<kAheadS>();  // this thread's copies of block kb have landed
-    fold<G>(ring.stage(kb), p.s, p.lr, p.h, p.rb);
+    cp_async_wait<kAhead>();  // this thread's copies of block kb have landed
+    fold<G>(st[kb % kStages], p.s, p.lr, p.h, p.rb);
     if constexpr (!kConsumerFence) fence_proxy_async_smem();  // the codes and folded bytes visible to the wgmmas
-    mbar_arrive(ring.full_of(kb));
+    mbar_arrive(&sh.full[kb % kStages]);
   }
   cp_async_wait<0>();
 }
@@ -260,19 +237,19 @@ __device__ __forceinline__ void block_product(float (&c)[N / 2], const Stage& st
 
 // A consumer warpgroup: acc = slice · the tile's first N tokens over all blocks, each block's
 // sums promoted with the columns' activation scales.
-template <int N, bool kConsumerFence, int S>
-__device__ __forceinline__ void consume(const Ring<S>& ring, int slice, int nkb, float (&acc)[N / 2]) {
+template <int N, bool kConsumerFence>
+__device__ __forceinline__ void consume(Stage* st, Shared& sh, int slice, int nkb, float (&acc)[N / 2]) {
   float c[N / 2];
 #pragma unroll
   for (int i = 0; i < N / 2; ++i) acc[i] = 0.f;
   for (int kb = 0; kb < nkb; ++kb) {
-    mbar_wait(ring.full_of(kb), ring.phase(kb));
+    const int s = kb % kStages;
+    mbar_wait(&sh.full[s], (kb / kStages) & 1);
     if constexpr (kConsumerFence) fence_proxy_async_smem();  // what the producers wrote, to the wgmmas
-    const Stage& st = ring.stage(kb);
-    block_product<N>(c, st, slice);
-    promote<N>(c, st.xs, acc);
+    block_product<N>(c, st[s], slice);
+    promote<N>(c, st[s].xs, acc);
     __syncwarp();
-    if ((threadIdx.x & 31) == 0) mbar_arrive(ring.empty_of(kb));
+    if ((threadIdx.x & 31) == 0) mbar_arrive(&sh.empty[s]);
   }
 }
 
@@ -300,20 +277,20 @@ __device__ __forceinline__ bool tile_product(unsigned char* smem, Shared& sh, co
     p.xq = xq;
     p.xs = xs;
     p.ldxs = ldxs;
-    p.xrow = sh.rows[threadIdx.x < kTok ? threadIdx.x : 0];
+    p.rows = sh.rows;
 #pragma unroll
     for (int n = 0; n < N * 8 / R::kProducers; ++n) {
       const int i = threadIdx.x + R::kProducers * n;
       p.off[n] = static_cast<uint32_t>(sh.rows[i >> 3] * in + 16 * (i & 7));
     }
     pdl_wait();
-    produce<N, G, kConsumerFence, kStages>(Ring<kStages>{st, sh.full, sh.empty, 0}, sh.row_scale, p, cs.sc, nkb);
+    produce<N, G, kConsumerFence>(st, sh, p, cs.sc, nkb);
     return false;
   }
   if constexpr (G > 1) setmaxnreg_inc<R::kConsumerRegs>();
   const int ct = threadIdx.x - R::kProducers, slice = ct >> 7, wt = ct & 127;
   float acc[N / 2];
-  consume<N, kConsumerFence, kStages>(Ring<kStages>{st, sh.full, sh.empty, 0}, slice, nkb, acc);
+  consume<N, kConsumerFence>(st, sh, slice, nkb, acc);
   consumers_sync();  // every block consumed (so every copy and conversion landed): the stages are free
   const int r = 16 * (wt >> 5) + ((wt & 31) >> 2);
   stash_rows<N>(acc, sh.row_scale[64 * slice + r], sh.row_scale[64 * slice + r + 8], 64 * slice, wt, ex, kExPitch);
@@ -338,129 +315,7 @@ __device__ __forceinline__ Shared& setup(unsigned char* smem, int count, RowOf r
   return sh;
 }
 
-// The persistent form's gate/up A rows are interleaved so that a consumer thread holds the W1 and
-// W3 sums of one output row (its rows g and g + 8 of a 16-row warp band): A row 16 w + j of slice
-// s is output row 32 s + 8 w + j % 8 of W1 (j < 8) or W3 (j >= 8). A row's dot products do not
-// depend on its place in A, so the sums are the same bits.
-__device__ __forceinline__ int interleaved_row(int s, int rho) { return 32 * s + 8 * (rho >> 4) + (rho & 7); }
-
-// The persistent form's item (tile t, row slice cs) for a producer thread: its row, the codes'
-// offsets and its token's activation row straight from the routing (no shared row list: the
-// consumers may still be on the item before).
-template <int N, bool kGateUp, class Args>
-__device__ __forceinline__ void produce_item(const Ring<kPStages>& ring, const Args& a, const MoeTile& t,
-                                             const CtaSlices& cs, const uint8_t* xq, const float* xs, int64_t ldxs,
-                                             int64_t in, int nkb) {
-  Producer<N, 1> p;
-  p.s = threadIdx.x / kSliceRows;
-  p.lr = threadIdx.x % kSliceRows;
-  p.h = 0;
-  if constexpr (kGateUp) {  // interleaved: W1 / W3 by the row's place in its 16-row band
-    const int m = (p.lr >> 3) & 1, o = interleaved_row(p.s, p.lr);
-    p.w = cs.wp[m] + o * 64;
-    p.e = cs.ep[m] + o * cs.sc;
-  } else {
-    p.w = cs.wp[p.s] + p.lr * 64;
-    p.e = cs.ep[p.s] + p.lr * cs.sc;
-  }
-  p.xq = xq;
-  p.xs = xs;
-  p.ldxs = ldxs;
-  p.xrow = act_row(a, t, static_cast<int>(threadIdx.x) < t.count ? static_cast<int>(threadIdx.x) : 0);
-#pragma unroll
-  for (int n = 0; n < N * 8 / 128; ++n) {
-    const int i = threadIdx.x + 128 * n, tok = i >> 3;
-    p.off[n] = static_cast<uint32_t>(act_row(a, t, tok < t.count ? tok : 0) * in + 16 * (i & 7));
-  }
-  produce<N, 1, true, kPStages>(ring, nullptr, p, cs.sc, nkb);
-}
-
-// The persistent form's item for a consumer thread: the slice's sums, then the outputs from
-// registers, the same products and roundings as stash_rows + store_h / store_y (row scales found
-// by the thread for its two rows; gate/up: those are the W1 and W3 rows of one output row, so the
-// SwiGLU needs no exchange between the warpgroups).
-template <int N, bool kGateUp, class Args>
-__device__ __forceinline__ void consume_item(const Ring<kPStages>& ring, const Args& a, const MoeTile& t,
-                                             const CtaSlices& cs, int nkb) {
-  const int ct = threadIdx.x - 128, slice = ct >> 7, wt = ct & 127, q = wt & 3;
-  const int r = 16 * (wt >> 5) + ((wt & 31) >> 2);
-  const uint8_t* e0 = kGateUp ? cs.ep[0] + interleaved_row(slice, r) * cs.sc : cs.ep[slice] + r * cs.sc;
-  const uint8_t* e1 = kGateUp ? cs.ep[1] + interleaved_row(slice, r) * cs.sc : cs.ep[slice] + (r + 8) * cs.sc;
-  const float s0 = row_base_thread(e0, cs.sc).scale * kE2m1E4m3Unscale;
-  const float s1 = row_base_thread(e1, cs.sc).scale * kE2m1E4m3Unscale;
-  float acc[N / 2];
-  consume<N, true, kPStages>(ring, slice, nkb, acc);
-  if constexpr (kGateUp) {
-    const int64_t row = cs.r0 + interleaved_row(slice, r);
-#pragma unroll
-    for (int i = 0; i < N / 2; ++i) {
-      if (i & 2) continue;  // acc[i]: W1 (row g), acc[i + 2]: W3 (row g + 8) of the same column
-      const int col = 8 * (i >> 2) + 2 * q + (i & 1);
-      if (col < t.count)
-        a.H[static_cast<int64_t>(t.start + col) * a.I + row] = swiglu_clamped(acc[i] * s0, acc[i + 2] * s1, a.limit);
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < N / 2; ++i) {
-      const int col = 8 * (i >> 2) + 2 * q + (i & 1), row = 64 * slice + r + (i & 2) * 4;
-      if (col < t.count)
-        a.Y[static_cast<int64_t>(a.slot_pair[t.start + col]) * a.d + cs.r0 + row] = acc[i] * (i & 2 ? s1 : s0);
-    }
-  }
-}
-
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
-
-// The persistent form (one producer warpgroup, fence in the consumers): CTA b takes items b, b +
-// grid, ... of (tile, row slice), adjacent items the same tile's slices; the ring runs on across
-// items, so the producers fold the next item's first blocks while the consumers store the last.
-template <class Args>
-__global__ void __launch_bounds__(Roles<1>::kThreads, 1) fp8_ws_persistent_kernel(const Args a) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr bool kGateUp = std::is_same_v<Args, Fp8GateUpArgs>;
-  extern __shared__ __align__(128) unsigned char smem_raw[];
-  unsigned char* smem = align_1024(smem_raw);
-  Stage* st = reinterpret_cast<Stage*>(smem);
-  PShared& sh = *reinterpret_cast<PShared*>(smem + kPStages * sizeof(Stage));
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < kPStages; ++s) {
-      mbar_init(&sh.full[s], 128);
-      mbar_init(&sh.empty[s], kConsumerWarps);
-    }
-    mbar_init_fence();
-  }
-  __syncthreads();
-  const int slices = static_cast<int>(kGateUp ? a.I / 64 : a.d / 128);
-  const int items = *a.n_tiles * slices;
-  const int64_t in = kGateUp ? a.d : a.I;
-  const int nkb = static_cast<int>(in / 128);
-  const bool producer = threadIdx.x < 128;
-  if (producer) pdl_wait();
-  Ring<kPStages> ring{st, sh.full, sh.empty, 0};
-  for (int item = blockIdx.x; item < items; item += gridDim.x, ring.g0 += nkb) {
-    const MoeTile t = a.tiles[item / slices];
-    const CtaSlices cs = kGateUp ? gateup_slices(a.tab, t.expert, item % slices) : down_slices(a.tab, t.expert, item % slices);
-    if (producer) {
-      const uint8_t* xq;
-      const float* xs;
-      int64_t ldxs;
-      if constexpr (kGateUp) {
-        xq = a.xq, xs = a.xs, ldxs = a.ldxs;
-      } else {
-        xq = a.hq, xs = a.hs, ldxs = a.ldhs;
-      }
-      if (t.count <= 64)
-        produce_item<64, kGateUp>(ring, a, t, cs, xq, xs, ldxs, in, nkb);
-      else
-        produce_item<128, kGateUp>(ring, a, t, cs, xq, xs, ldxs, in, nkb);
-    } else if (t.count <= 64) {
-      consume_item<64, kGateUp>(ring, a, t, cs, nkb);
-    } else {
-      consume_item<128, kGateUp>(ring, a, t, cs, nkb);
-    }
-  }
-#endif
-}
 
 // One tile's gate/up (Args = Fp8GateUpArgs) or down (Fp8DownArgs), G producer warpgroups.
 template <int G, bool kConsumerFence, class Args>
@@ -498,11 +353,6 @@ Fp8TileKernels ws_kernels() {
 }
 
 }  // namespace
-
-Fp8TileKernels fp8_ws_persistent_kernels() {
-  return {fp8_ws_persistent_kernel<Fp8GateUpArgs>, fp8_ws_persistent_kernel<Fp8DownArgs>, Roles<1>::kThreads, kPSmem,
-          true};
-}
 
 Fp8TileKernels fp8_ws_kernels(int producer_groups, bool consumer_fence) {
   DSV4_CHECK(producer_groups == 1 || producer_groups == 2, "fp8_ws_kernels: 1 or 2 producer warpgroups");
