@@ -177,6 +177,30 @@ void bench_hc() {
       hc_post(post.as<float>(), comb.as<float>(), F.as<float>(), X.as<float>(), R, n, d, nullptr);
     });
     report("hc_post", R, "n 4, d 4096", us, (2.0 * R * n * d + R * d) * 4, 2.0 * R * n * d * (n + 1));
+    // The model's pair: hc_post, then the next sub-layer's hc_pre+norm; with the projection done
+    // by hc_post (hc_post_project, the default where it applies) and without it. Floor: hc_post's
+    // bytes plus one read of X and the write of u.
+    const double pair_bytes = (3.0 * R * n * d + 2.0 * R * d + n_out * n * d + d) * 4;
+    for (bool in_post : {true, false}) {
+      if (in_post && !dsv4::cuda::detail::hc_post_project_applies(R, n, d)) continue;
+      dsv4::cuda::detail::set_hc_project_in_post(in_post);
+      us = median_us([&] {
+        const bool projected =
+            hc_post_project(post.as<float>(), comb.as<float>(), F.as<float>(), X.as<float>(), R, n, d, p, nullptr);
+        if (!projected) hc_post(post.as<float>(), comb.as<float>(), F.as<float>(), X.as<float>(), R, n, d, nullptr);
+        hc_pre(p, X.as<float>(), R, n, d, 20, 1e-6f, 1e-6f, pre.as<float>(), post.as<float>(), comb.as<float>(),
+               u.as<float>(), nullptr, nullptr, nullptr, g.as<float>(), 1e-6f, projected);
+      });
+      dsv4::cuda::detail::set_hc_project_in_post(true);
+      report(in_post ? "hc_post+hc_pre" : "  (projection in hc_pre)", R, "n 4, d 4096", us, pair_bytes,
+             2.0 * R * n * d * (n_out + 2 + 2 * n));
+      if (!in_post) continue;
+      us = median_us([&] {
+        hc_post_project(post.as<float>(), comb.as<float>(), F.as<float>(), X.as<float>(), R, n, d, p, nullptr);
+      });
+      report("  (its hc_post_project)", R, "n 4, d 4096", us, (2.0 * R * n * d + R * d + n_out * n * d) * 4,
+             2.0 * R * n * d * (n + 1 + n_out));
+    }
   }
 }
 

@@ -225,20 +225,74 @@ __device__ __forceinline__ float4 post_input(const float* F, const float* F2, co
   return f;
 }
 
+// post_input in two halves, for kernels that issue one step's loads before they use the last
+// one's (ops_mhc_post_project_tiled.cu): the loads of float4 column c, then post_input's sum of
+// them (the same floats, in its order). The routed slots of a row (a valid mask, the weights into
+// w[0, K) when w is given) are read once per row; up to kMaxRoutedK of them.
+constexpr int kMaxRoutedK = 6;  // every DeepSeek-V4 config routes 6 a token
+struct PostLoads {
+  float4 f, y[kMaxRoutedK];  // y[0]: F2's column when there is an F2 (never with routed rows)
+};
+
+__device__ __forceinline__ uint32_t post_row(const RoutedRows& rt, int64_t r, float* w) {
+  uint32_t valid = 0;
+  if (!rt.Y) return valid;
+#pragma unroll
+  for (int k = 0; k < kMaxRoutedK; ++k) {
+    if (k >= rt.K) break;
+    const int e = rt.experts[r * rt.K + k];
+    const bool ok = e >= 0 && e < rt.E;
+    valid |= ok ? 1u << k : 0u;
+    if (w) w[k] = ok ? rt.weights[r * rt.K + k] : 0.f;
+  }
+  return valid;
+}
+
+__device__ __forceinline__ void post_load(PostLoads& l, const float* F, const float* F2, const RoutedRows& rt,
+                                          uint32_t valid, int64_t r, int64_t d4, int64_t c) {
+  l.f = reinterpret_cast<const float4*>(F)[r * d4 + c];
+  if (F2) l.y[0] = reinterpret_cast<const float4*>(F2)[r * d4 + c];
+#pragma unroll
+  for (int k = 0; k < kMaxRoutedK; ++k)
+    if (valid >> k & 1u) l.y[k] = reinterpret_cast<const float4*>(rt.Y + (r * rt.K + k) * 4 * d4)[c];
+}
+
+__device__ __forceinline__ float4 post_sum(const PostLoads& l, uint32_t valid, const float* w, bool has_f2,
+                                           bool routed) {
+  float4 f = l.f;
+  if (has_f2) return make_float4(f.x + l.y[0].x, f.y + l.y[0].y, f.z + l.y[0].z, f.w + l.y[0].w);
+  if (routed) {
+    float g[4] = {};
+#pragma unroll
+    for (int k = 0; k < kMaxRoutedK; ++k) {
+      if (!(valid >> k & 1u)) continue;
+      const float wk = w[k];
+      g[0] += wk * l.y[k].x;
+      g[1] += wk * l.y[k].y;
+      g[2] += wk * l.y[k].z;
+      g[3] += wk * l.y[k].w;
+    }
+    f = make_float4(f.x + g[0], f.y + g[1], f.z + g[2], f.w + g[3]);
+  }
+  return f;
+}
+
 // Stream k of hc_post's new row at one float4 column: post_k f + Σ_j comb[j][k] old_j (P: the
-// row's comb, old: the n old streams at the column).
+// row's comb, old: the n old streams at the column). The rounding is spelled out (a product,
+// then one fma a stream) so that every kernel that makes the streams gives the same bits: left
+// to contraction, pk f + c0 old0 may become fma(pk, f, c0 old0) in one kernel and not another.
 template <int MAXN>
 __device__ __forceinline__ float4 post_stream(float4 f, float pk, const float* P, int k, int n,
                                               const float4 (&old)[MAXN]) {
-  float4 acc = make_float4(pk * f.x, pk * f.y, pk * f.z, pk * f.w);
+  float4 acc = make_float4(__fmul_rn(pk, f.x), __fmul_rn(pk, f.y), __fmul_rn(pk, f.z), __fmul_rn(pk, f.w));
 #pragma unroll
   for (int j = 0; j < MAXN; ++j) {
     if (j < n) {
       const float cj = P[j * n + k];
-      acc.x += cj * old[j].x;
-      acc.y += cj * old[j].y;
-      acc.z += cj * old[j].z;
-      acc.w += cj * old[j].w;
+      acc.x = __fmaf_rn(cj, old[j].x, acc.x);
+      acc.y = __fmaf_rn(cj, old[j].y, acc.y);
+      acc.z = __fmaf_rn(cj, old[j].z, acc.z);
+      acc.w = __fmaf_rn(cj, old[j].w, acc.w);
     }
   }
   return acc;

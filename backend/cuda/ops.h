@@ -64,8 +64,9 @@ struct RoutedRows {
 // combine would have written into F2, without its launch and its [R, d] round trip.
 void hc_post(const float* post, const float* comb, const float* F, float* X, int64_t R, int64_t n, int64_t d,
              cudaStream_t s, const float* F2 = nullptr, const RoutedRows* routed = nullptr);
-// hc_post at decode sizes (<= 4 rows, n <= 4) that also does the projection of the new streams
-// for the hc_pre of `next` after it (ops_mhc_post_project.cu): call that hc_pre with from_post.
+// hc_post that also does the projection of the new streams for the hc_pre of `next` after it
+// (ops_mhc_post_project.cu up to 4 rows and n <= 4; ops_mhc_post_project_tiled.cu past that, n = 4,
+// d % 32 == 0): call that hc_pre with from_post.
 // false: nothing enqueued (another shape, or DSV4_HC_PROJECT_IN_POST=0): call hc_post instead.
 bool hc_post_project(const float* post, const float* comb, const float* F, float* X, int64_t R, int64_t n, int64_t d,
                      const HcParams& next, cudaStream_t s, const float* F2 = nullptr,

@@ -17,6 +17,7 @@
 #include "backend/cuda/device.h"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/mhc_common.cuh"
+#include "backend/cuda/mma_tf32.cuh"
 #include "backend/cuda/ops_mhc_decode.h"
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/ops_common.cuh"
@@ -72,24 +73,9 @@ struct TileSmem {
 };
 
 // The TF32 form (kTF32, TO = 3: 24 outputs): the same tiles on the tensor cores, mma.m16n8k8
-// with each fp32 operand split into a TF32 high part and a TF32 remainder and the three larger
-// products summed (hi·hi + hi·lo + lo·hi: ~fp32 accuracy; plain TF32 would be ~1e-3 off in mu).
-// Warp w takes rows 16w..16w+15 and all 24 outputs (three n8 tiles). The FMA form issues ~80
-// warp instructions per 4 columns of 16 rows (ncu at 256 rows: SM 50%, DRAM 31%), this ~30;
-// different fp32 sum order, so not the FMA form's bits.
-__device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) {
-  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(hi) : "f"(x));
-  const float rest = x - __uint_as_float(hi);
-  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(lo) : "f"(rest));
-}
-
-__device__ __forceinline__ void mma_tf32(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-               "{%0,%1,%2,%3};\n"
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
+// on split-TF32 operands (mma_tf32.cuh). Warp w takes rows 16w..16w+15 and all 24 outputs (three
+// n8 tiles). The FMA form issues ~80 warp instructions per 4 columns of 16 rows (ncu at 256 rows:
+// SM 50%, DRAM 31%), this ~30; different fp32 sum order, so not the FMA form's bits.
 template <int TO, bool kTF32>
 __global__ void __launch_bounds__(256, 2)  // 3 per SM spills at TO = 3 (and 4 stages fit 2)
     hc_project_tiled_kernel(const float* __restrict__ fn, const float* __restrict__ X, int64_t R, int64_t nd,
@@ -142,18 +128,10 @@ __global__ void __launch_bounds__(256, 2)  // 3 per SM spills at TO = 3 (and 4 s
         const float x[4] = {S.x[b][ra][k + q], S.x[b][ra + 8][k + q], S.x[b][ra][k + q + 4], S.x[b][ra + 8][k + q + 4]};
         ss2[0] += x[0] * x[0] + x[2] * x[2];
         ss2[1] += x[1] * x[1] + x[3] * x[3];
-        uint32_t ah[4], al[4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) split_tf32(x[e], ah[e], al[e]);
-#pragma unroll
-        for (int nb = 0; nb < 3; ++nb) {
-          uint32_t bh0, bl0, bh1, bl1;
-          split_tf32(S.f[b][8 * nb + g][k + q], bh0, bl0);
-          split_tf32(S.f[b][8 * nb + g][k + q + 4], bh1, bl1);
-          mma_tf32(cacc[nb], al, bh0, bh1);  // the small products first
-          mma_tf32(cacc[nb], ah, bl0, bl1);
-          mma_tf32(cacc[nb], ah, bh0, bh1);
-        }
+        const float fb[3][2] = {{S.f[b][g][k + q], S.f[b][g][k + q + 4]},
+                                {S.f[b][8 + g][k + q], S.f[b][8 + g][k + q + 4]},
+                                {S.f[b][16 + g][k + q], S.f[b][16 + g][k + q + 4]}};
+        mhc::mma_tf32_split_step(cacc, x, fb);
       }
     } else {
 #pragma unroll
@@ -407,7 +385,7 @@ void hc_pre(const HcParams& p, const float* X, int64_t R, int64_t n, int64_t d, 
   if (R == 0) return;
   const int n_out = static_cast<int>((2 + n) * n);
   float* st = stash(R, d);
-  if (from_post) {  // hc_post_project wrote the partials: the gates beside (or inside) the mix
+  if (from_post && R <= 4) {  // hc_post_project wrote the partials: the gates beside (or inside) the mix
     if (gates_s) {
       DSV4_CUDA_CHECK(cudaEventRecord(projected, s));
       DSV4_CUDA_CHECK(cudaStreamWaitEvent(gates_s, projected, 0));
@@ -419,8 +397,8 @@ void hc_pre(const HcParams& p, const float* X, int64_t R, int64_t n, int64_t d, 
   }
   // Up to 4 rows: one launch for the projection, mixing and norm; the gates (Sinkhorn, a serial
   // ~40-step chain) inside it, or with gates_s after it from the stash, beside what follows.
-  if (detail::hc_pre_decode(p, X, R, n, d, iters, hc_eps, rms_eps, norm_w, norm_eps, pre, post, comb, u, st,
-                            gates_s == nullptr, s)) {
+  if (!from_post && detail::hc_pre_decode(p, X, R, n, d, iters, hc_eps, rms_eps, norm_w, norm_eps, pre, post, comb,
+                                          u, st, gates_s == nullptr, s)) {
     if (gates_s) {
       DSV4_CUDA_CHECK(cudaEventRecord(projected, s));
       DSV4_CUDA_CHECK(cudaStreamWaitEvent(gates_s, projected, 0));
@@ -437,10 +415,12 @@ void hc_pre(const HcParams& p, const float* X, int64_t R, int64_t n, int64_t d, 
   const auto al = [](const void* q) { return (reinterpret_cast<uintptr_t>(q) & 15) == 0; };
   const bool norm_inside = norm_w && slices == 1 && d >= 1024 && al(X) && al(u) && al(norm_w);
   if (norm_w && !norm_inside) {  // unfused: the mix, then the norm on s (the gates may still run beside it)
-    hc_pre(p, X, R, n, d, iters, hc_eps, rms_eps, pre, post, comb, u, s, gates_s, projected);
+    hc_pre(p, X, R, n, d, iters, hc_eps, rms_eps, pre, post, comb, u, s, gates_s, projected, nullptr, 0.f, from_post);
     return rms_norm(u, norm_w, u, R, d, norm_eps, s);
   }
-  const int ks = project(p.fn, X, R, n, d, n_out, st, s);
+  // From hc_post_project (more than 4 rows): the tiled projection's partials are in the stash.
+  const int ks = from_post ? detail::hc_post_project_tiled_slices(R, n, d) : project(p.fn, X, R, n, d, n_out, st, s);
+  DSV4_CHECK(ks > 0, "cuda::hc_pre: the stash holds no hc_post projection for this shape");
   const unsigned rows = static_cast<unsigned>(R);
   auto finish = [&](dim3 grid, int n_slices, cudaStream_t on) {
     const bool mixing = n_slices > 0;  // the gates-only launch never normalises

@@ -24,13 +24,20 @@ bool hc_pre_decode(const HcParams& p, const float* X, int64_t R, int64_t n, int6
                    float rms_eps, const float* norm_w, float norm_eps, float* pre, float* post, float* comb, float* u,
                    float* stash, bool gates, cudaStream_t s);
 
-// hc_post that also writes the next hc_pre's projection partials and the streams' Gram matrix
-// into the stash (ops_mhc_post_project.cu); false (nothing enqueued) when the shape or alignment
-// does not fit (R > 4, n > 4, d past 8192) or it is switched off.
+// hc_post that also writes the next hc_pre's projection partials into the stash; false
+// (nothing enqueued) when the shape or alignment does not fit or it is switched off. Up to 4
+// rows (ops_mhc_post_project.cu): the partials and the streams' Gram matrix a column block
+// (n <= 4, d <= 8192), read by hc_pre_from_post. More rows (ops_mhc_post_project_tiled.cu,
+// n = 4, d % 32 == 0): the tiled projection's layout in hc_post_project_tiled_slices(R, n, d)
+// slices, read by hc_pre's finish kernel.
 bool hc_post_project_applies(int64_t R, int64_t n, int64_t d);
 bool hc_post_project(const float* post, const float* comb, const float* F, const float* F2, const RoutedRows* routed,
                      float* X, int64_t R, int64_t n, int64_t d, const HcParams& next, float* stash, cudaStream_t s);
-// The hc_pre after it: gates (when `gates`) and u's columns (when `mix`) from those partials.
+int hc_post_project_tiled_slices(int64_t R, int64_t n, int64_t d);  // 0: no tiled form
+void hc_post_project_tiled(const float* post, const float* comb, const float* F, const float* F2,
+                           const RoutedRows* routed, float* X, int64_t R, int64_t n, int64_t d, const float* fn,
+                           float* stash, cudaStream_t s);
+// The hc_pre after the decode form (R <= 4): gates (when `gates`) and u's columns (when `mix`) from those partials.
 void hc_pre_from_post(const HcParams& p, const float* X, int64_t R, int64_t n, int64_t d, int64_t iters, float hc_eps,
                       float rms_eps, const float* norm_w, float norm_eps, float* pre, float* post, float* comb,
                       float* u, const float* stash, bool gates, bool mix, cudaStream_t s);

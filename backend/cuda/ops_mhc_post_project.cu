@@ -1,4 +1,5 @@
-// hc_post that also does the next hc_pre's projection, at decode sizes (<= 4 rows, n <= 4).
+// hc_post that also does the next hc_pre's projection, at decode sizes (<= 4 rows, n <= 4; more
+// rows: ops_mhc_post_project_tiled.cu, dispatched from here).
 // The one-launch decode hc_pre (ops_mhc_decode.cu) spends most of its ~11 us on a chain of L2
 // round trips after its wait: the projection of the new streams, a grid barrier, the gather of
 // the slices, the norm's square sum over the whole row. hc_post has the new streams in registers
@@ -208,7 +209,9 @@ int slots_of(int64_t n) { return static_cast<int>((2 + n) * n + gram_slots(stati
 void set_hc_project_in_post(bool on) { g_enabled = on; }
 
 bool hc_post_project_applies(int64_t R, int64_t n, int64_t d) {
-  return g_enabled && R >= 1 && R <= 4 && n >= 1 && n <= kMaxN && d % 4 == 0 && post_blocks(d) <= kMaxBlocks &&
+  if (!g_enabled || R < 1) return false;
+  if (R > 4) return hc_post_project_tiled_slices(R, n, d) > 0;
+  return n >= 1 && n <= kMaxN && d % 4 == 0 && post_blocks(d) <= kMaxBlocks &&
          post_blocks(d) * slots_of(n) <= d;  // the stash row holds them
 }
 
@@ -217,6 +220,11 @@ bool hc_post_project(const float* post, const float* comb, const float* F, const
   if (!hc_post_project_applies(R, n, d) || !aligned16(X) || !aligned16(F) || (F2 && !aligned16(F2)) ||
       !aligned16(next.fn))
     return false;
+  if (R > 4) {
+    if (routed && routed->K > mhc::kMaxRoutedK) return false;  // the tiled form holds up to kMaxRoutedK a row
+    hc_post_project_tiled(post, comb, F, F2, routed, X, R, n, d, next.fn, stash, s);
+    return true;
+  }
   PostProjectArgs a{};
   a.post = post;
   a.comb = comb;
@@ -240,7 +248,8 @@ bool hc_post_project(const float* post, const float* comb, const float* F, const
 void hc_pre_from_post(const HcParams& p, const float* X, int64_t R, int64_t n, int64_t d, int64_t iters, float hc_eps,
                       float rms_eps, const float* norm_w, float norm_eps, float* pre, float* post, float* comb,
                       float* u, const float* stash, bool gates, bool mix, cudaStream_t s) {
-  DSV4_CHECK(hc_post_project_applies(R, n, d) && aligned16(X) && aligned16(u) && (!norm_w || aligned16(norm_w)),
+  DSV4_CHECK(R <= 4 && hc_post_project_applies(R, n, d) && aligned16(X) && aligned16(u) &&
+                 (!norm_w || aligned16(norm_w)),
              "cuda::hc_pre: the stash holds no hc_post projection for this shape");
   FromPostArgs a{};
   a.X = X;

@@ -457,7 +457,7 @@ bool CudaModel::run_layer(const DeviceLayer& L, size_t li, const float* rope, co
   linear(L.wo_b, a.y, R, F);
   mark("wo_b");
   br.join(kGatesSide);
-  // At decode sizes hc_post also projects the new streams for the MoE sub-layer's hc_pre.
+  // hc_post also projects the new streams for the MoE sub-layer's hc_pre (where the shape allows).
   const bool ffn_projected = cuda::hc_post_project(a.post, a.comb, F, X, R, n, d, L.hc_ffn, s);
   if (!ffn_projected) cuda::hc_post(a.post, a.comb, F, X, R, n, d, s);
   mark("hc_post");

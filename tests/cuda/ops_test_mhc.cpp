@@ -238,10 +238,11 @@ TEST_P(CudaOpsMhc, HcPostMatchesCpu) {
   EXPECT_EQ(to_host<float>(dXa, X.size()), to_host<float>(dXb, X.size()));
 }
 
-// hc_post that also projects the new streams for the next hc_pre (decode sizes,
-// ops_mhc_post_project.cu), then that hc_pre from its partials: against the CPU's hc_post, hc_pre
-// and rms_norm; the gates on a second stream give the same bits; F split into F + F2 gives the
-// bits of their sum. Other shapes: hc_post_project declines (and enqueues nothing).
+// hc_post that also projects the new streams for the next hc_pre (decode sizes:
+// ops_mhc_post_project.cu; more rows: ops_mhc_post_project_tiled.cu), then that hc_pre from its
+// partials: against the CPU's hc_post, hc_pre and rms_norm; the gates on a second stream give the
+// same bits; F split into F + F2 gives the bits of their sum; the routed experts' rows summed
+// inside give hc_post's streams. Other shapes: hc_post_project declines (and enqueues nothing).
 TEST_P(CudaOpsMhc, HcPostProjectThenPreMatchesCpu) {
   DSV4_REQUIRE_GPU();
   const auto [R, d] = GetParam();
@@ -264,6 +265,9 @@ TEST_P(CudaOpsMhc, HcPostProjectThenPreMatchesCpu) {
   const bool applies = cuda::detail::hc_post_project_applies(R, n, d);
   if (R <= 4 && d <= 8192) {
     EXPECT_TRUE(applies) << "decode sizes take the projecting hc_post";
+  }
+  if (R > 4 && d % 32 == 0) {
+    EXPECT_TRUE(applies) << "batches take the tiled projecting hc_post";
   }
   DeviceBuffer dX = to_device(X);
   const bool projected =
@@ -303,6 +307,20 @@ TEST_P(CudaOpsMhc, HcPostProjectThenPreMatchesCpu) {
   ASSERT_TRUE(cuda::hc_post_project(dppost.as<float>(), dpcomb.as<float>(), sp.sum.as<float>(), dXb.as<float>(), R, n,
                                     d, dw.p, nullptr));
   EXPECT_EQ(to_host<float>(dXa, X.size()), to_host<float>(dXb, X.size()));
+  // The routed experts' rows (K = 3 a row, some slots unused: expert -1) summed inside: the same
+  // streams as hc_post's, bit for bit (up to 4M floats of rows: the 65540-row case is the grid split).
+  const int K = 3, E = 8;
+  if (R * K * d > (int64_t{4} << 20)) return;
+  std::vector<int32_t> ex(static_cast<size_t>(R * K));
+  for (size_t i = 0; i < ex.size(); ++i) ex[i] = i % 5 == 4 ? -1 : static_cast<int32_t>(i % E);
+  DeviceBuffer dY = to_device(randn(R * K * d)), dE = to_device(ex), dW = to_device(randn(R * K));
+  const cuda::RoutedRows rt{dY.as<float>(), dE.as<int32_t>(), dW.as<float>(), K, E};
+  DeviceBuffer dXc = to_device(X), dXd = to_device(X);
+  ASSERT_TRUE(cuda::hc_post_project(dppost.as<float>(), dpcomb.as<float>(), dF.as<float>(), dXc.as<float>(), R, n, d,
+                                    dw.p, nullptr, nullptr, &rt));
+  cuda::hc_post(dppost.as<float>(), dpcomb.as<float>(), dF.as<float>(), dXd.as<float>(), R, n, d, nullptr, nullptr,
+                &rt);
+  EXPECT_EQ(to_host<float>(dXc, X.size()), to_host<float>(dXd, X.size()));
 }
 
 TEST_P(CudaOpsMhc, HcHeadMatchesCpu) {
@@ -324,14 +342,16 @@ TEST_P(CudaOpsMhc, HcHeadMatchesCpu) {
 // ragged row tile, prefill-sized (the tiled projection
 // from 256 rows: a ragged last row block; 1000 rows at d 512, where the stash row bounds the
 // slice count; exactly two blocks), the tiny model, and more rows than one grid dimension holds
-// (65535: hc_post runs over row ranges).
+// (65535: hc_post runs over row ranges); d 1000 (not a multiple of 32: no projecting hc_post
+// past 4 rows).
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaOpsMhc,
                          ::testing::Values(std::pair<int64_t, int64_t>{1, 4096}, std::pair<int64_t, int64_t>{3, 4096},
                                            std::pair<int64_t, int64_t>{4, 4096}, std::pair<int64_t, int64_t>{2, 7168},
                                            std::pair<int64_t, int64_t>{1, 256}, std::pair<int64_t, int64_t>{7, 4096},
                                            std::pair<int64_t, int64_t>{300, 4096}, std::pair<int64_t, int64_t>{1000, 512},
                                            std::pair<int64_t, int64_t>{256, 1024}, std::pair<int64_t, int64_t>{5, 256},
-                                           std::pair<int64_t, int64_t>{65540, 256}));
+                                           std::pair<int64_t, int64_t>{65540, 256},
+                                           std::pair<int64_t, int64_t>{6, 1000}));
 
 }  // namespace
 }  // namespace dsv4
