@@ -20,19 +20,12 @@ __device__ __forceinline__ float from_e4m3(uint8_t b) {
   return __half2float(__half(h));
 }
 
-// The scale of a block whose 128 values the warp holds (v[j] of lane = value lane + 32j).
-__device__ __forceinline__ float block_scale(const float* v) {
-  float amax = 0.f;
-#pragma unroll
-  for (int j = 0; j < 4; ++j) amax = fmaxf(amax, fabsf(v[j]));
-#pragma unroll
-  for (int m = 16; m; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, m));
-  return pow2_scale(amax);
-}
+// The scale of a block whose 128 values the warp holds (any 4 a lane).
+__device__ __forceinline__ float block_scale(const float (&v)[4]) { return detail::warp_block_scale(v); }
 
 // Block (r, kb): returns the scale; v[j] = channel kb*128 + lane + 32j (0 beyond `in`).
 __device__ __forceinline__ float load_block(const float* x, int64_t r, int64_t kb, int64_t in, int64_t ldx,
-                                            float* v) {
+                                            float (&v)[4]) {
   const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
@@ -76,14 +69,12 @@ __device__ __forceinline__ void load_lane(const float* x, int64_t r, int64_t kb,
 // Codes of the lane's values v / s (s a power of two: v * (1 / s) is the same).
 template <bool kVec>
 __device__ __forceinline__ void store_codes(uint8_t* q, int64_t r, int64_t ldq, int64_t kb, int64_t in, int order,
-                                            const float* v, float s) {
+                                            const float (&v)[4], float s) {
   const int lane = threadIdx.x & 31;
-  const float inv = 1.0f / s;
   if constexpr (kVec) {
-    const uint32_t w = uint32_t(to_e4m3(v[0] * inv)) | uint32_t(to_e4m3(v[1] * inv)) << 8 |
-                       uint32_t(to_e4m3(v[2] * inv)) << 16 | uint32_t(to_e4m3(v[3] * inv)) << 24;
-    *reinterpret_cast<uint32_t*>(q + r * ldq + kb * 128 + block_pos(4 * lane, order)) = w;
+    *reinterpret_cast<uint32_t*>(q + r * ldq + kb * 128 + block_pos(4 * lane, order)) = detail::codes4(v, s);
   } else {
+    const float inv = 1.0f / s;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int64_t k = kb * 128 + lane + 32 * j;

@@ -1,5 +1,6 @@
 // The per-128-block FP8 activation quantisation of the official demo, as device functions shared
-// by act_quant.cu and the kernels that quantise their own input (gemv_fp8_mma.cu): the scale is
+// by act_quant.cu and the kernels that quantise their own input or output (gemv_fp8_mma.cu,
+// ops_attention_wgmma.cu): the scale is
 // 2^ceil(log2(amax/448)) with amax floored at 1e-4, taken exactly from the fp32 bits, and codes
 // are e4m3(clamp(x / s, ±448)) (x / s is exact: s is a power of two). Only .cu files include it.
 #pragma once
@@ -19,6 +20,39 @@ __device__ __forceinline__ float pow2_scale(float amax) {
 
 __device__ __forceinline__ uint8_t to_e4m3(float v) {
   return static_cast<uint8_t>(__nv_cvt_float_to_fp8(fminf(fmaxf(v, -448.f), 448.f), __NV_SATFINITE, __NV_E4M3));
+}
+
+// The scales of N 128-value blocks that a warp holds, 4 values of each a lane (amax by
+// shuffles; N > 1 interleaves N independent shuffle chains).
+template <int N>
+__device__ __forceinline__ void warp_block_scales(const float (&v)[N][4], float (&scale)[N]) {
+  float amax[N];
+#pragma unroll
+  for (int b = 0; b < N; ++b) {
+    amax[b] = 0.f;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) amax[b] = fmaxf(amax[b], fabsf(v[b][j]));
+  }
+#pragma unroll
+  for (int m = 16; m; m >>= 1)
+#pragma unroll
+    for (int b = 0; b < N; ++b) amax[b] = fmaxf(amax[b], __shfl_xor_sync(0xFFFFFFFFu, amax[b], m));
+#pragma unroll
+  for (int b = 0; b < N; ++b) scale[b] = pow2_scale(amax[b]);
+}
+
+__device__ __forceinline__ float warp_block_scale(const float (&v)[4]) {
+  float s[1];
+  warp_block_scales<1>(reinterpret_cast<const float(&)[1][4]>(v), s);
+  return s[0];
+}
+
+// The codes of 4 consecutive values v / s (s a power of two: v * (1 / s) is the same), packed
+// first value lowest: one 4-byte store.
+__device__ __forceinline__ uint32_t codes4(const float (&v)[4], float s) {
+  const float inv = 1.0f / s;
+  return uint32_t(to_e4m3(v[0] * inv)) | uint32_t(to_e4m3(v[1] * inv)) << 8 | uint32_t(to_e4m3(v[2] * inv)) << 16 |
+         uint32_t(to_e4m3(v[3] * inv)) << 24;
 }
 
 }  // namespace dsv4::cuda::detail

@@ -64,6 +64,13 @@ class FastLinear {
   // groups, a multiple of rope.head_len.
   void run_grouped_inverse_rope(const WeightView& w, int64_t groups, float* x, int64_t rows, float* y, int64_t ldx,
                                 int64_t ldy, const InverseRope& rope, cudaStream_t s);
+  // Where run_grouped_inverse_rope(w, groups, x, rows, ...) would quantise x for the grouped FP8
+  // GEMM (FP8 weights past the GEMV sizes): true, with the buffers that quantisation writes —
+  // codes [rows, groups w.in], scales [groups w.in / 128][rows], act_quant_fp8_inverse_rope's
+  // layout — for the caller to fill (the attention kernel's FP8 epilogue, cuda::AttnFp8Out);
+  // then run_grouped_quantised(w, groups, rows, ...) is the rest of run_grouped_inverse_rope.
+  bool grouped_input_fp8(const WeightView& w, int64_t groups, int64_t rows, uint8_t** q, float** scales);
+  void run_grouped_quantised(const WeightView& w, int64_t groups, int64_t rows, float* y, int64_t ldy, cudaStream_t s);
   // Rows up to this run as GEMV on quantised activations; more go to cuBLASLt (FP8 / bf16).
   // Default kDefaultGemvMaxRows, or DSV4_FAST_GEMV_MAX_ROWS (benchmarks compare both).
   static constexpr int kDefaultGemvMaxRows = 2;

@@ -235,19 +235,34 @@ struct FastLinear::Impl {
   // groups, or one GEMM per group where cuBLASLt has no batched block-scaled kernel (per group,
   // each a quantisation and a GEMM of a 16-CTA grid, wo_a at 256 rows took ~120 us). False
   // (nothing enqueued) when the shape does not fit.
-  bool fp8_grouped(const WeightView& w, int64_t groups, float* x, int64_t rows, float* y, int64_t ldx, int64_t ldy,
-                   const InverseRope* rope, bool own, cudaStream_t s) {
-    const int64_t k = w.in, ng = w.out / groups, cols = groups * k, kbg = k / 128;
-    const int64_t rows_pad = rope ? rows : (rows + 3) / 4 * 4;
+  // fp8_grouped's activations: rows padded to 4 for cuBLASLt, none with the rope (or own GEMM).
+  static int64_t grouped_rows_pad(int64_t rows, bool rope) { return rope ? rows : (rows + 3) / 4 * 4; }
+  // Whether fp8_grouped takes (w, groups) at these rows; own: the wgmma grouped GEMM runs it.
+  bool fp8_grouped_takes(const WeightView& w, int64_t groups, int64_t rows, bool rope, bool& own) const {
+    const int64_t k = w.in, ng = w.out / groups;
     own = own && (groups == 1 || rows <= kOwnGroupedMaxRows) && detail::fp8_grouped_gemm_ok(detail::dev_weight(w), groups);
     if (k % 128 != 0 || ng % 16 != 0 || !aligned16(w.data)) return false;
-    if ((!own && rows_pad % 4 != 0) || (rope && ldx != cols)) return false;
+    return own || grouped_rows_pad(rows, rope) % 4 == 0;
+  }
+  void grow_grouped_input(int64_t rows_pad, int64_t cols) {
     grow(xq, static_cast<size_t>(rows_pad * cols));
-    grow(xs, static_cast<size_t>(rows_pad * groups * kbg) * sizeof(float));
+    grow(xs, static_cast<size_t>(rows_pad * (cols / 128)) * sizeof(float));
+  }
+  bool fp8_grouped(const WeightView& w, int64_t groups, float* x, int64_t rows, float* y, int64_t ldx, int64_t ldy,
+                   const InverseRope* rope, bool own, cudaStream_t s) {
+    const int64_t cols = groups * w.in, rows_pad = grouped_rows_pad(rows, rope != nullptr);
+    if (!fp8_grouped_takes(w, groups, rows, rope != nullptr, own) || (rope && ldx != cols)) return false;
+    grow_grouped_input(rows_pad, cols);
     if (rope)
       act_quant_fp8_inverse_rope(x, rows, cols, ldx, *rope, xq.as<uint8_t>(), cols, xs.as<float>(), s);
     else
       act_quant_fp8(x, rows, cols, ldx, rows_pad, xq.as<uint8_t>(), cols, xs.as<float>(), s);
+    return grouped_on_quantised(w, groups, rows, rows_pad, y, ldy, own, s);
+  }
+  // The GEMM half of fp8_grouped, on xq / xs as quantised.
+  bool grouped_on_quantised(const WeightView& w, int64_t groups, int64_t rows, int64_t rows_pad, float* y, int64_t ldy,
+                            bool own, cudaStream_t s) {
+    const int64_t k = w.in, ng = w.out / groups, cols = groups * k, kbg = k / 128;
     if (own) {
       detail::fp8_grouped_gemm(detail::dev_weight(w), groups, xq.as<uint8_t>(), cols, xs.as<float>(), rows_pad, rows,
                                y, ldy, s);
@@ -502,6 +517,28 @@ void FastLinear::run_grouped(const WeightView& w, int64_t groups, const float* x
     }
   }
   for (int64_t g = 0; g < groups; ++g) run(w, x + g * k, rows, y + g * ng, g * ng, (g + 1) * ng, ldx, ldy, s);
+}
+
+bool FastLinear::grouped_input_fp8(const WeightView& w, int64_t groups, int64_t rows, uint8_t** q, float** scales) {
+  const int64_t cols = groups * w.in;
+  if (rows <= 0 || groups < 1 || w.out % groups != 0 || w.format != WeightFormat::FP8Block) return false;
+  // run_grouped_inverse_rope's order: the GEMV where it fits, then the grouped GEMM.
+  if (mma_gemv_ && w.in % 128 == 0 && impl_->mma_fp8_fits(w, rows, 0, w.out, groups)) return false;
+  bool own = fp8_gemm_ >= 0;
+  if (rows <= gemv_max_rows_ || groups <= 1 || !impl_->fp8_grouped_takes(w, groups, rows, true, own)) return false;
+  impl_->grow_grouped_input(rows, cols);
+  *q = impl_->xq.as<uint8_t>();
+  *scales = impl_->xs.as<float>();
+  return true;
+}
+
+void FastLinear::run_grouped_quantised(const WeightView& w, int64_t groups, int64_t rows, float* y, int64_t ldy,
+                                       cudaStream_t s) {
+  bool own = fp8_gemm_ >= 0;
+  DSV4_CHECK(impl_->fp8_grouped_takes(w, groups, rows, true, own),
+             "FastLinear::run_grouped_quantised: no grouped_input_fp8 for this weight and row count");
+  DSV4_CHECK(impl_->grouped_on_quantised(w, groups, rows, rows, y, ldy, own, s),
+             "FastLinear::run_grouped_quantised: cuBLASLt refused the grouped FP8 GEMM");
 }
 
 void FastLinear::run_grouped_inverse_rope(const WeightView& w, int64_t groups, float* x, int64_t rows, float* y,

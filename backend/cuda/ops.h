@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "backend/cuda/inverse_rope.h"
 #include "backend/weight_view.h"
 
 namespace dsv4::cuda {
@@ -170,9 +171,19 @@ struct AttnRow {
 // same keys in fp32 (it rounds keys to bf16 before its MMAs) bit for bit. q_format BF16 (with kv
 // BF16): q holds bf16 too (rms_norm_rope's bf16 output, D / 2 float slots per head), the values
 // both kernels round fp32 q to: the same outputs, half the q bytes.
-void sparse_attention(const float* q, const AttnRow* rows, int64_t R, int64_t H, int64_t D, int64_t W,
+// fp8_out (optional): the output as the FP8 activations of the projection after it instead of
+// o: codes [R, H D] and scales [H D / 128][R], act_quant_fp8_inverse_rope(o, ..., rope) bit for bit
+// (the inverse RoPE and the quantisation in the kernel's epilogue: o's fp32 round trip is gone).
+// Taken where the warpgroup-MMA kernel runs with no key splits (prefill sizes); the return says
+// whether it was (false: o was written, fp8_out untouched).
+struct AttnFp8Out {
+  uint8_t* q = nullptr;
+  float* scales = nullptr;
+  InverseRope rope{};
+};
+bool sparse_attention(const float* q, const AttnRow* rows, int64_t R, int64_t H, int64_t D, int64_t W,
                       const float* sink, float* o, cudaStream_t s, bool fast = false, KeyFormat kv = KeyFormat::F32,
-                      KeyFormat q_format = KeyFormat::F32);
+                      KeyFormat q_format = KeyFormat::F32, const AttnFp8Out* fp8_out = nullptr);
 // Whether sparse_attention takes bf16 keys at this shape (the tensor-core kernel's).
 bool attention_bf16_keys_ok(int64_t H, int64_t D);
 // false: bf16 keys go to the mma.sync kernel even where the wgmma one runs (A/B runs and tests;

@@ -247,8 +247,9 @@ void merge(const float* partial, const float2* ml, int64_t R, int64_t H, int64_t
 
 bool attention_bf16_keys_ok(int64_t H, int64_t D) { return H > 0 && detail::attention_mma_ok(H, D); }
 
-void sparse_attention(const float* q, const AttnRow* rows, int64_t R, int64_t H, int64_t D, int64_t W,
-                      const float* sink, float* o, cudaStream_t s, bool fast, KeyFormat kv, KeyFormat q_format) {
+bool sparse_attention(const float* q, const AttnRow* rows, int64_t R, int64_t H, int64_t D, int64_t W,
+                      const float* sink, float* o, cudaStream_t s, bool fast, KeyFormat kv, KeyFormat q_format,
+                      const AttnFp8Out* fp8_out) {
   DSV4_CHECK(D % 4 == 0 && D <= kMaxD, "cuda::sparse_attention: head dim must be a multiple of 4, <= ", kMaxD);
   const bool bf16_keys = kv == KeyFormat::BF16;
   DSV4_CHECK(!bf16_keys || (fast && attention_bf16_keys_ok(H, D)),
@@ -257,7 +258,7 @@ void sparse_attention(const float* q, const AttnRow* rows, int64_t R, int64_t H,
   const bool bf16_q = q_format == KeyFormat::BF16;
   DSV4_CHECK(!bf16_q || bf16_keys, "cuda::sparse_attention: bf16 q needs bf16 keys (the tensor-core kernels' form)");
   DSV4_CHECK(W >= 1, "cuda::sparse_attention: window must be >= 1");
-  if (R == 0 || H == 0) return;
+  if (R == 0 || H == 0) return false;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const int64_t ctas = detail::attention_mma_ok(H, D) ? R * (H / detail::kAttnMmaHeads) : 0;
   if (fast && ctas >= 1) {
@@ -267,23 +268,27 @@ void sparse_attention(const float* q, const AttnRow* rows, int64_t R, int64_t H,
     const bool wgmma = bf16_keys && detail::attention_wgmma_ok(H, D);
     const int64_t per_row = wgmma ? std::max<int64_t>(sm_count() / ctas, 1) : ceil_div(sm_count(), ctas);
     const int nsplit = static_cast<int>(std::clamp<int64_t>(per_row, 1, ctas == 1 ? kMaxSplitMma : kMaxSplit));
-    auto run = [&](int n, float* partial, float2* ml) {
+    auto run = [&](int n, float* partial, float2* ml, const AttnFp8Out* f8) {
       if (wgmma)
-        detail::attention_wgmma(q, rows, R, H, W, sink, scale, n, o, partial, ml, s, bf16_q);
+        detail::attention_wgmma(q, rows, R, H, W, sink, scale, n, o, partial, ml, s, bf16_q, f8);
       else
         detail::attention_mma(q, rows, R, H, W, sink, scale, n, o, partial, ml, s, bf16_keys, bf16_q);
     };
-    if (nsplit == 1) return run(1, nullptr, nullptr);
+    if (nsplit == 1) {
+      const bool to_fp8 = fp8_out && wgmma && detail::attention_fp8_out_ok(H, fp8_out->rope);
+      run(1, nullptr, nullptr, to_fp8 ? fp8_out : nullptr);
+      return to_fp8;
+    }
     float* partial = async_scratch_of<float>(R * H * nsplit * D, s);
     float2* ml = async_scratch_of<float2>(R * H * nsplit, s);
-    run(nsplit, partial, ml);
+    run(nsplit, partial, ml, nullptr);
     if (nsplit > kMaxSplit)
       merge<kMaxSplitMma>(partial, ml, R, H, D, nsplit, sink, o, s);
     else
       merge<kMaxSplit>(partial, ml, R, H, D, nsplit, sink, o, s);
     async_release(partial, s);
     async_release(ml, s);
-    return;
+    return false;
   }
   const int64_t groups = ceil_div(H, kAH);
   // Fewer blocks than ~2 waves: split each row's keys (at most 16 ways).
@@ -302,10 +307,11 @@ void sparse_attention(const float* q, const AttnRow* rows, int64_t R, int64_t H,
                                                    ml ? ml + slots : nullptr);
     DSV4_CUDA_LAUNCH_CHECK();
   });
-  if (nsplit == 1) return;
+  if (nsplit == 1) return false;
   merge<kMaxSplit>(partial, ml, R, H, D, nsplit, sink, o, s);
   async_release(partial, s);
   async_release(ml, s);
+  return false;
 }
 
 }  // namespace dsv4::cuda

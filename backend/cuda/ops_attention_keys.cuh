@@ -58,18 +58,19 @@ constexpr int kAttnMmaHeads = 64;
 constexpr int kAttnMmaDim = 512;
 inline bool attention_mma_ok(int64_t H, int64_t D) { return H % kAttnMmaHeads == 0 && D == kAttnMmaDim; }
 // Launches a tensor-core attention kernel (the signature below) over row ranges of <= 65535 rows:
-// grid (H / 64, rows, nsplit); q_row: float slots per q row (D, or D / 2 for bf16 q).
-template <typename Kernel>
+// grid (H / 64, rows, nsplit); q_row: float slots per q row (D, or D / 2 for bf16 q). extra: more
+// kernel arguments, each made by extra(r0) for the range that starts at row r0.
+template <typename Kernel, typename... Extra>
 void launch_attention_rows(Kernel kernel, int threads, size_t smem, const float* q, int64_t q_row, const AttnRow* rows,
                            int64_t R, int64_t H, int64_t W, const float* sink, float scale, int nsplit, float* o,
-                           float* partial, float2* ml, cudaStream_t s) {
+                           float* partial, float2* ml, cudaStream_t s, const Extra&... extra) {
   DSV4_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   for_row_ranges(R, [&](int64_t r0, int64_t n) {
     const dim3 grid(static_cast<unsigned>(H / kAttnMmaHeads), static_cast<unsigned>(n), static_cast<unsigned>(nsplit));
     const int64_t slots = r0 * H * nsplit;  // partial / ml slots of the rows before r0
     kernel<<<grid, threads, smem, s>>>(q + r0 * H * q_row, rows + r0, H, W, sink, scale, nsplit,
                                        o + r0 * H * kAttnMmaDim, partial ? partial + slots * kAttnMmaDim : nullptr,
-                                       ml ? ml + slots : nullptr);
+                                       ml ? ml + slots : nullptr, extra(r0)...);
     DSV4_CUDA_LAUNCH_CHECK();
   });
 }
@@ -82,7 +83,11 @@ void attention_mma(const float* q, const AttnRow* rows, int64_t R, int64_t H, in
 // The same for bf16 keys on warpgroup MMA (ops_attention_wgmma.cu): sm_90 device, arch-90a
 // build, not switched off by set_attention_wgmma(false).
 bool attention_wgmma_ok(int64_t H, int64_t D);
+// f8 (nsplit == 1 and attention_fp8_out_ok only): the FP8 activations of wo_a instead of o
+// (cuda::AttnFp8Out); DSV4_ATTN_FP8_OUT=0 at start-up turns that form off.
+bool attention_fp8_out_ok(int64_t H, const InverseRope& rope);
 void attention_wgmma(const float* q, const AttnRow* rows, int64_t R, int64_t H, int64_t W, const float* sink,
-                     float scale, int nsplit, float* o, float* partial, float2* ml, cudaStream_t s, bool bf16_q);
+                     float scale, int nsplit, float* o, float* partial, float2* ml, cudaStream_t s, bool bf16_q,
+                     const AttnFp8Out* f8 = nullptr);
 
 }  // namespace dsv4::cuda::detail

@@ -36,6 +36,7 @@
 #include "backend/cuda/check.h"
 #include "backend/cuda/cp_async.cuh"
 #include "backend/cuda/device.h"
+#include "backend/cuda/fp8_quant.cuh"
 #include "backend/cuda/ops_attention_keys.cuh"
 #include "backend/cuda/ops_common.cuh"
 #include "backend/cuda/wgmma.cuh"
@@ -51,6 +52,7 @@ constexpr int kTileBytes = kKeys * kD * 2;  // 64 KB
 constexpr int kPPitch = kKeys + 8;         // bf16 per probability row (ldmatrix without bank conflicts)
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kOPitch = kD + 4;            // floats per staged output row (2-way bank conflicts at most)
+constexpr int kMaxRotPairs = 64;           // rotary pairs a head (FP8 epilogue)
 
 struct alignas(1024) Smem {  // swizzled operands first: their 1024-byte atoms stay aligned
   uint8_t q[kH * kD * 2];           // Q as bf16: 8 regions of 64 dims x 64 heads x 128 bytes
@@ -60,6 +62,19 @@ struct alignas(1024) Smem {  // swizzled operands first: their 1024-byte atoms s
   float lsum[2][kH];                // per warpgroup: the heads' probability sums (at the end)
   const float* kp[2][kKeys];        // key rows of this tile and the next (nullptr: masked / past the end)
   uint32_t valid[2][2];             // the same as bits: word w for keys 32w .. 32w + 31
+  float2 rot[kMaxRotPairs];         // FP8 epilogue: (cos, -sin) of the row's rotary pairs
+};
+
+// The FP8 epilogue (cuda::AttnFp8Out) of one launch's rows: codes of row r at q + r H D, scales at
+// scales[kb * stride + r] (kb: the 128-channel block of the row), positions pos[r]. q == nullptr:
+// o as fp32.
+struct Fp8Epilogue {
+  uint8_t* q = nullptr;
+  float* scales = nullptr;
+  int64_t stride = 0;
+  const float* inv_freq = nullptr;
+  const int64_t* pos = nullptr;
+  int pairs = 0;
 };
 
 // The output rows are staged over the key tiles and P (contiguous, free after the last P V).
@@ -111,7 +126,7 @@ template <bool kBf16Q>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_wgmma_kernel(const float* __restrict__ q, const AttnRow* __restrict__ rows, int64_t H, int64_t W,
                            const float* __restrict__ sink, float scale, int nsplit, float* __restrict__ o,
-                           float* __restrict__ partial, float2* __restrict__ ml) {
+                           float* __restrict__ partial, float2* __restrict__ ml, Fp8Epilogue f8) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(128) unsigned char smem_raw[];
   Smem& S = *reinterpret_cast<Smem*>(align_1024(smem_raw));
@@ -121,6 +136,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   // built from it in uniform registers.
   const int tid = threadIdx.x, wg = __shfl_sync(0xFFFFFFFFu, tid >> 7, 0), wq = (tid >> 5) & 3, lane = tid & 31,
             g = lane >> 2, qd = lane & 3;
+  if (f8.q && tid < f8.pairs) {  // act_quant_fp8_inverse_rope's table: the same fp32 angle, cosf, sinf
+    const float ang = static_cast<float>(f8.pos[r]) * f8.inv_freq[tid];
+    S.rot[tid] = make_float2(cosf(ang), -sinf(ang));
+  }
   const AttnRow row = rows[r];
   const SplitKeys sk = split_keys(row, W, nsplit, split, kKeys);
   const int64_t lo = sk.lo, nwin = sk.nwin, kb = sk.kb, ke = sk.ke;
@@ -314,6 +333,36 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   fence_proxy_async_smem();  // the rows visible to the bulk copies
   __syncthreads();
+  if (f8.q) {  // (no splits) warp w: (head, 128-block) pieces w, w + 8, ...: act_quant's vec lanes,
+    // kIlp pieces at once (one piece at a time, the shuffle chains made the epilogue ~9 us a CTA,
+    // with nothing else on the SM to hide them).
+    constexpr int kPieces = kH * (kD / 128), kWarps = kThreads / 32, kIlp = 8;
+    const int tail = kD - 2 * f8.pairs;
+    for (int i0 = tid >> 5; i0 < kPieces; i0 += kWarps * kIlp) {
+      float v[kIlp][4], sc[kIlp];
+#pragma unroll
+      for (int u = 0; u < kIlp; ++u) {
+        const int i = i0 + kWarps * u, h = i / (kD / 128), c = (i % (kD / 128)) * 128 + 4 * lane;  // c: in the head
+        const float4 t = *reinterpret_cast<const float4*>(&ost[h][c]);
+        v[u][0] = t.x, v[u][1] = t.y, v[u][2] = t.z, v[u][3] = t.w;
+#pragma unroll
+        for (int j = 0; j < 4; j += 2)
+          if (c + j >= tail) {
+            const float2 rt = S.rot[(c + j - tail) / 2];
+            rope_rotate(v[u][j], v[u][j + 1], rt.x, rt.y);
+          }
+      }
+      warp_block_scales<kIlp>(v, sc);
+#pragma unroll
+      for (int u = 0; u < kIlp; ++u) {
+        const int i = i0 + kWarps * u;
+        const int64_t kb = (h0 + i / (kD / 128)) * (kD / 128) + i % (kD / 128);
+        *reinterpret_cast<uint32_t*>(f8.q + r * H * kD + kb * 128 + 4 * lane) = codes4(v[u], sc[u]);
+        if (lane == 0) f8.scales[kb * f8.stride + r] = sc[u];
+      }
+    }
+    return;
+  }
   if (tid < kH) {
     const int64_t hh = h0 + tid;
     float* dst = partial ? partial + ((r * H + hh) * nsplit + split) * kD : o + (r * H + hh) * kD;
@@ -332,18 +381,44 @@ bool g_attention_wgmma_on = [] {
   return !(env && std::string(env) == "0");
 }();
 
+bool g_fp8_out_on = [] {
+  const char* env = std::getenv("DSV4_ATTN_FP8_OUT");  // 0: o in fp32, quantised by wo_a (A/B runs)
+  return !(env && std::string(env) == "0");
+}();
+
 bool attention_wgmma_ok(int64_t H, int64_t D) {
   static const bool available = wgmma_available();
   return g_attention_wgmma_on && available && attention_mma_ok(H, D);
 }
 
+bool attention_fp8_out_ok(int64_t H, const InverseRope& rope) {
+  return g_fp8_out_on && attention_wgmma_ok(H, kD) && rope.head_len == kD && rope.pairs >= 0 &&
+         rope.pairs <= kMaxRotPairs && 2 * rope.pairs <= kD;
+}
+
 void attention_wgmma(const float* q, const AttnRow* rows, int64_t R, int64_t H, int64_t W, const float* sink,
-                     float scale, int nsplit, float* o, float* partial, float2* ml, cudaStream_t s, bool bf16_q) {
+                     float scale, int nsplit, float* o, float* partial, float2* ml, cudaStream_t s, bool bf16_q,
+                     const AttnFp8Out* f8) {
   DSV4_CHECK(attention_wgmma_ok(H, kD), "attention_wgmma: needs H % 64 == 0, D == 512, an sm_90 device and an "
                                         "arch-90a build");
+  DSV4_CHECK(!f8 || (nsplit == 1 && attention_fp8_out_ok(H, f8->rope) && f8->q && f8->scales &&
+                     reinterpret_cast<uintptr_t>(f8->q) % 4 == 0),
+             "attention_wgmma: the FP8 output needs one split, heads of ", kD, " channels with <= ", kMaxRotPairs,
+             " rotary pairs and 4-byte aligned codes");
   const size_t smem = 1024 + sizeof(Smem);  // + the alignment of the swizzle atoms
+  Fp8Epilogue base;
+  if (f8) base = {f8->q, f8->scales, R, f8->rope.inv_freq, f8->rope.pos, static_cast<int>(f8->rope.pairs)};
+  const auto at = [&](int64_t r0) {  // the range's rows: codes, scale columns and positions from r0
+    Fp8Epilogue e = base;
+    if (e.q) {
+      e.q += r0 * H * kD;
+      e.scales += r0;
+      e.pos += r0;
+    }
+    return e;
+  };
   launch_attention_rows(bf16_q ? attention_wgmma_kernel<true> : attention_wgmma_kernel<false>, kThreads, smem, q,
-                        bf16_q ? kD / 2 : kD, rows, R, H, W, sink, scale, nsplit, o, partial, ml, s);
+                        bf16_q ? kD / 2 : kD, rows, R, H, W, sink, scale, nsplit, o, partial, ml, s, at);
 }
 
 }  // namespace dsv4::cuda::detail

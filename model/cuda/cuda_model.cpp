@@ -437,22 +437,30 @@ bool CudaModel::run_layer(const DeviceLayer& L, size_t li, const float* rope, co
   mark("q norm+rope");
   br.join(kCompressorSide);
   if (L.kind == AttnKind::CSA) br.join(kIndexerSide);
-  cuda::sparse_attention(a.q_attn, reinterpret_cast<const cuda::AttnRow*>(at(ld.attn)), R, H, D, W, L.sink, o, s,
-                         precision_ == cuda::Precision::Fast, kv_format_, q_format_);
-  mark("sparse_attention");
   const bool exact = precision_ == cuda::Precision::Exact;
+  const int64_t gin = H * D / G;  // grouped low-rank output
+  DSV4_CHECK(L.wo_a.in == gin && L.wo_a.out == G * Ro, "wo_a: expected [", G * Ro, ", ", gin, "]");
+  const cuda::InverseRope inverse_rope{rope, P, a.pos, D};
+  // At prefill sizes attention writes wo_a's FP8 activations itself (inverse RoPE and
+  // quantisation in its epilogue: o's fp32 round trip skipped), where both kernels take it.
+  cuda::AttnFp8Out o_fp8{nullptr, nullptr, inverse_rope};
+  const bool o_fp8_wanted = !exact && fast_->grouped_input_fp8(L.wo_a, G, R, &o_fp8.q, &o_fp8.scales);
+  const bool o_quantised = cuda::sparse_attention(
+      a.q_attn, reinterpret_cast<const cuda::AttnRow*>(at(ld.attn)), R, H, D, W, L.sink, o, s,
+      precision_ == cuda::Precision::Fast, kv_format_, q_format_, o_fp8_wanted ? &o_fp8 : nullptr);
+  mark("sparse_attention");
   if (exact) cuda::rope(o, R, H, D, rope, P, a.pos, true, s);  // fast: inside wo_a's quantisation
   // The window ring takes the current keys once attention has read the entries they replace;
   // nothing else in this layer reads it (joined with the shared expert's side below).
   cuda::ring_store_jobs(reinterpret_cast<const cuda::RingJob*>(at(ld.kv_ring)), ld.n_kv_ring, ld.kv_ring_rows,
                         br.fork(kCompressorSide));
   mark(exact ? "inverse rope+kv ring" : "kv ring");
-  const int64_t gin = H * D / G;  // grouped low-rank output
-  DSV4_CHECK(L.wo_a.in == gin && L.wo_a.out == G * Ro, "wo_a: expected [", G * Ro, ", ", gin, "]");
   if (exact)
     cuda::linear_exact_grouped(L.wo_a, G, o, R, a.y, H * D, G * Ro, s);
+  else if (o_quantised)
+    fast_->run_grouped_quantised(L.wo_a, G, R, a.y, G * Ro, s);
   else
-    fast_->run_grouped_inverse_rope(L.wo_a, G, o, R, a.y, H * D, G * Ro, cuda::InverseRope{rope, P, a.pos, D}, s);
+    fast_->run_grouped_inverse_rope(L.wo_a, G, o, R, a.y, H * D, G * Ro, inverse_rope, s);
   mark(exact ? "wo_a" : "inverse rope+wo_a");
   linear(L.wo_b, a.y, R, F);
   mark("wo_b");

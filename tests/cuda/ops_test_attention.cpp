@@ -8,6 +8,8 @@
 #include <string>
 
 #include "backend/cpu/linear.h"
+#include "backend/cuda/act_quant.h"
+#include "backend/cuda/device.h"
 #include "backend/cuda/ops.h"
 #include "core/error.h"
 #include "model/attention.h"
@@ -229,6 +231,67 @@ TEST(CudaOpsAttention, Bf16KeysGiveBitwiseSameOutputs) {
   EXPECT_THROW(cuda::sparse_attention(nullptr, nullptr, 1, 64, 512, 128, nullptr, nullptr, nullptr, true,
                                       cuda::KeyFormat::F32, cuda::KeyFormat::BF16),
                dsv4::Error);
+}
+
+// The FP8 epilogue (cuda::AttnFp8Out): wo_a's activations written by the attention kernel are
+// act_quant_fp8_inverse_rope's of the fp32 output, codes and scales bit for bit, for fp32 and bf16
+// q. Calls with key splits decline it and write o. want_taken: the warpgroup-MMA kernel runs it.
+void run_fp8_out_case(Kind kind, int64_t R, int64_t p0, int64_t H, int64_t n_entries, bool want_taken) {
+  SCOPED_TRACE("fp8 out R=" + std::to_string(R) + " H=" + std::to_string(H) + " kind=" + std::to_string(int(kind)));
+  const int64_t D = 512, W = 128, n_sel = 512, pairs = 32, cols = H * D;
+  const std::vector<float> q = randn(R * H * D), chunk = randn(R * D), ring = randn(W * D),
+                           entries = randn(std::max<int64_t>(n_entries, 1) * D), sink = randn(H);
+  std::vector<int32_t> sel(R * n_sel);
+  for (int64_t i = 0; i < R * n_sel; ++i) sel[i] = (i % 7 == 3) ? -1 : static_cast<int32_t>(test::rng()() % n_entries);
+  const std::vector<float> inv_freq = test::inv_freqs(pairs);
+  std::vector<int64_t> pos(R);
+  for (int64_t i = 0; i < R; ++i) pos[i] = p0 + i;
+  DeviceBuffer dsink = to_device(sink), dsel = to_device(sel), dfreq = to_device(inv_freq), dpos = to_device(pos);
+  DeviceBuffer c16 = to_device(bf16_bits(chunk)), r16 = to_device(bf16_bits(ring)), e16 = to_device(bf16_bits(entries));
+  std::vector<cuda::AttnRow> rows;
+  for (int64_t i = 0; i < R; ++i) {
+    cuda::AttnRow a{p0 + i, c16.as<float>(), p0, r16.as<float>(), e16.as<float>(), 0, nullptr, 0};
+    if (kind == Kind::HCA) a.n_entries = std::min<int64_t>(n_entries, 1 + i % n_entries + n_entries / 2);
+    if (kind == Kind::CSA) {
+      a.sel = dsel.as<int32_t>() + i * n_sel;
+      a.n_sel = n_sel;
+    }
+    rows.push_back(a);
+  }
+  DeviceBuffer drows = to_device(rows);
+  const cuda::InverseRope rope{dfreq.as<float>(), pairs, dpos.as<int64_t>(), D};
+  for (const bool bf16_q : {false, true}) {
+    DeviceBuffer dq = bf16_q ? to_device(bf16_bits(q)) : to_device(q);
+    const cuda::KeyFormat qf = bf16_q ? cuda::KeyFormat::BF16 : cuda::KeyFormat::F32;
+    DeviceBuffer o = poisoned<float>(R * H * D), qref = poisoned<uint8_t>(R * cols),
+                 sref = poisoned<float>(R * cols / 128);
+    EXPECT_FALSE(cuda::sparse_attention(dq.as<float>(), drows.as<cuda::AttnRow>(), R, H, D, W, dsink.as<float>(),
+                                        o.as<float>(), nullptr, true, cuda::KeyFormat::BF16, qf));
+    const std::vector<float> o_host = to_host<float>(o, R * H * D);  // (the quantisation rotates o in place)
+    cuda::act_quant_fp8_inverse_rope(o.as<float>(), R, cols, cols, rope, qref.as<uint8_t>(), cols, sref.as<float>(),
+                                     nullptr);
+    DeviceBuffer o2 = poisoned<float>(R * H * D), qf8 = poisoned<uint8_t>(R * cols), sf8 = poisoned<float>(R * cols / 128);
+    const cuda::AttnFp8Out out{qf8.as<uint8_t>(), sf8.as<float>(), rope};
+    const bool taken = cuda::sparse_attention(dq.as<float>(), drows.as<cuda::AttnRow>(), R, H, D, W, dsink.as<float>(),
+                                              o2.as<float>(), nullptr, true, cuda::KeyFormat::BF16, qf, &out);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    ASSERT_EQ(taken, want_taken) << "bf16 q " << bf16_q;
+    if (!taken) {  // o as without the request; codes and scales untouched
+      EXPECT_EQ(to_host<float>(o2, R * H * D), o_host);
+      EXPECT_EQ(to_host<uint8_t>(qf8, R * cols), std::vector<uint8_t>(R * cols, 0xFF));
+      continue;
+    }
+    EXPECT_EQ(to_host<uint8_t>(qf8, R * cols), to_host<uint8_t>(qref, R * cols)) << "codes, bf16 q " << bf16_q;
+    EXPECT_EQ(to_host<float>(sf8, R * cols / 128), to_host<float>(sref, R * cols / 128)) << "scales, bf16 q " << bf16_q;
+  }
+}
+
+TEST(CudaOpsAttention, Fp8EpilogueIsTheQuantisedOutput) {
+  DSV4_REQUIRE_GPU();
+  const bool wgmma = cuda::wgmma_available();
+  run_fp8_out_case(Kind::CSA, 300, 1000, 64, 900, wgmma);  // one CTA per row, no splits
+  run_fp8_out_case(Kind::HCA, 150, 70, 128, 300, wgmma);   // two head groups, windows from 0
+  run_fp8_out_case(Kind::CSA, 2, 600, 64, 700, false);     // key splits: declined, o written
 }
 
 TEST(CudaOpsAttention, TinyModelShapes) {
