@@ -22,29 +22,14 @@ __device__ __forceinline__ uint8_t to_e4m3(float v) {
   return static_cast<uint8_t>(__nv_cvt_float_to_fp8(fminf(fmaxf(v, -448.f), 448.f), __NV_SATFINITE, __NV_E4M3));
 }
 
-// The scales of N 128-value blocks that a warp holds, 4 values of each a lane (amax by
-// shuffles; N > 1 interleaves N independent shuffle chains).
-template <int N>
-__device__ __forceinline__ void warp_block_scales(const float (&v)[N][4], float (&scale)[N]) {
-  float amax[N];
-#pragma unroll
-  for (int b = 0; b < N; ++b) {
-    amax[b] = 0.f;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) amax[b] = fmaxf(amax[b], fabsf(v[b][j]));
-  }
-#pragma unroll
-  for (int m = 16; m; m >>= 1)
-#pragma unroll
-    for (int b = 0; b < N; ++b) amax[b] = fmaxf(amax[b], __shfl_xor_sync(0xFFFFFFFFu, amax[b], m));
-#pragma unroll
-  for (int b = 0; b < N; ++b) scale[b] = pow2_scale(amax[b]);
-}
-
+// The scale of a 128-value block that a warp holds, 4 values a lane (amax by shuffles).
 __device__ __forceinline__ float warp_block_scale(const float (&v)[4]) {
-  float s[1];
-  warp_block_scales<1>(reinterpret_cast<const float(&)[1][4]>(v), s);
-  return s[0];
+  float amax = 0.f;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) amax = fmaxf(amax, fabsf(v[j]));
+#pragma unroll
+  for (int m = 16; m; m >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xFFFFFFFFu, amax, m));
+  return pow2_scale(amax);
 }
 
 // The codes of 4 consecutive values v / s (s a power of two: v * (1 / s) is the same), packed

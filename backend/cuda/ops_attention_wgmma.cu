@@ -17,8 +17,8 @@
 // tile's S is issued before the previous tile's P V, so that its softmax's first half runs while
 // the tensor cores do that P V; the next tile's keys load by cp.async from the maxima exchange on
 // (two 64 KB buffers beside Q's 64 KB: no room for a third). The output leaves through shared
-// memory by bulk copies. Same splits and flash-decoding triples as the mma.sync kernel
-// (attention_merge_kernel merges them).
+// memory by bulk copies (or, with cuda::AttnFp8Out, as wo_a's FP8 codes: fp8_epilogue). Same
+// splits and flash-decoding triples as the mma.sync kernel (attention_merge_kernel merges them).
 //
 // Measured (H100, bench/NOTES.md step 13): 256 / 4096 rows of 640 keys 188 / 2716 µs (mma.sync,
 // bf16 keys) -> 114 / 1348 µs. ncu stall sampling at 4096 rows: no phase dominates (Q staging
@@ -118,6 +118,78 @@ __device__ __forceinline__ float exp2_approx(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
+}
+
+// The FP8 epilogue (no splits): O's rows normalised, inverse-rotated and quantised straight from
+// the accumulators, codes out through shared memory by bulk copies. A thread holds, of head
+// hr[e], columns 256 wg + 64 n + 8 j + 2 qd (+1) (acc[n][4 j + 2 e] and the next): a rotary pair
+// whole, and 32 values of each 128-block 2 wg + nb (n = 2 nb, 2 nb + 1), the other 96 in its
+// quad. So a block's amax is 32 values and two shuffles (one warp a block over values staged in
+// shared memory took ~6 us a CTA of shuffle chains). The same values, rotation, scale and codes
+// as act_quant_fp8_inverse_rope of the fp32 output: its bits.
+constexpr int kCodePitch = kD + 16;  // bytes per staged code row (rows 4 banks apart)
+__device__ __forceinline__ void fp8_epilogue(const float (&acc)[4][32], Smem& S, const Fp8Epilogue& f8,
+                                             const float (&m)[2], const float* sink, int64_t r, int64_t H, int64_t h0,
+                                             int wg, const int (&hr)[2], int qd) {
+  const int tail = kD - 2 * f8.pairs;
+  uint8_t(*const cst)[kCodePitch] = reinterpret_cast<uint8_t(*)[kCodePitch]>(S.k[0]);
+  float mul[2];
+#pragma unroll
+  for (int e = 0; e < 2; ++e) mul[e] = 1.0f / (S.lsum[0][hr[e]] + S.lsum[1][hr[e]] + expf(sink[h0 + hr[e]] - m[e]));
+  // The pair (columns c, c + 1) of accumulator n, j, row e as the fp32 output holds it, rotated back.
+  auto pair = [&](int n, int j, int e) {
+    float a = acc[n][4 * j + 2 * e] * mul[e], b = acc[n][4 * j + 2 * e + 1] * mul[e];
+    const int c = 256 * wg + 64 * n + 8 * j + 2 * qd;
+    if (c >= tail) {
+      const float2 rt = S.rot[(c - tail) / 2];
+      rope_rotate(a, b, rt.x, rt.y);
+    }
+    return make_float2(a, b);
+  };
+  float amax[2][2] = {};  // [e][nb]
+#pragma unroll
+  for (int e = 0; e < 2; ++e)
+#pragma unroll
+    for (int n = 0; n < 4; ++n)
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float2 v = pair(n, j, e);
+        amax[e][n / 2] = fmaxf(amax[e][n / 2], fmaxf(fabsf(v.x), fabsf(v.y)));
+      }
+  float sc[2][2];
+#pragma unroll
+  for (int e = 0; e < 2; ++e)
+#pragma unroll
+    for (int nb = 0; nb < 2; ++nb) {
+      float x = amax[e][nb];
+      x = fmaxf(x, __shfl_xor_sync(0xFFFFFFFFu, x, 1));
+      x = fmaxf(x, __shfl_xor_sync(0xFFFFFFFFu, x, 2));
+      sc[e][nb] = pow2_scale(x);
+      const int64_t kb = (h0 + hr[e]) * (kD / 128) + 2 * wg + nb;  // the block among the row's
+      if (qd == 0) f8.scales[kb * f8.stride + r] = sc[e][nb];
+    }
+#pragma unroll
+  for (int e = 0; e < 2; ++e)
+#pragma unroll
+    for (int n = 0; n < 4; ++n) {
+      const float inv = 1.0f / sc[e][n / 2];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float2 v = pair(n, j, e);
+        *reinterpret_cast<uint16_t*>(&cst[hr[e]][256 * wg + 64 * n + 8 * j + 2 * qd]) =
+            static_cast<uint16_t>(to_e4m3(v.x * inv) | to_e4m3(v.y * inv) << 8);
+      }
+    }
+  fence_proxy_async_smem();  // the codes visible to the bulk copies
+  __syncthreads();
+  const int tid = threadIdx.x;
+  if (tid < kH) {
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(
+                     f8.q + (r * H + h0 + tid) * kD),
+                 "r"(smem_addr(&cst[tid][0])), "n"(kD) : "memory");
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");  // shared memory read before exit
+  }
 }
 
 // kBf16Q: q stored as bf16 (rms_norm_rope's bf16 output), copied by cp.async into the swizzle
@@ -311,6 +383,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (qd == 0) S.lsum[wg][hr[e]] = l[e];
   }
   __syncthreads();
+  if (f8.q) return fp8_epilogue(acc, S, f8, m, sink, r, H, h0, wg, hr, qd);
   // O through shared memory (the key tiles and P, free now) and out by 64 bulk copies of one
   // head's 2 KB row each: the fp32 stores had been ~10% of the kernel's stall samples (LSU
   // queue) as 64 8-byte stores per thread.
@@ -333,36 +406,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   fence_proxy_async_smem();  // the rows visible to the bulk copies
   __syncthreads();
-  if (f8.q) {  // (no splits) warp w: (head, 128-block) pieces w, w + 8, ...: act_quant's vec lanes,
-    // kIlp pieces at once (one piece at a time, the shuffle chains made the epilogue ~9 us a CTA,
-    // with nothing else on the SM to hide them).
-    constexpr int kPieces = kH * (kD / 128), kWarps = kThreads / 32, kIlp = 8;
-    const int tail = kD - 2 * f8.pairs;
-    for (int i0 = tid >> 5; i0 < kPieces; i0 += kWarps * kIlp) {
-      float v[kIlp][4], sc[kIlp];
-#pragma unroll
-      for (int u = 0; u < kIlp; ++u) {
-        const int i = i0 + kWarps * u, h = i / (kD / 128), c = (i % (kD / 128)) * 128 + 4 * lane;  // c: in the head
-        const float4 t = *reinterpret_cast<const float4*>(&ost[h][c]);
-        v[u][0] = t.x, v[u][1] = t.y, v[u][2] = t.z, v[u][3] = t.w;
-#pragma unroll
-        for (int j = 0; j < 4; j += 2)
-          if (c + j >= tail) {
-            const float2 rt = S.rot[(c + j - tail) / 2];
-            rope_rotate(v[u][j], v[u][j + 1], rt.x, rt.y);
-          }
-      }
-      warp_block_scales<kIlp>(v, sc);
-#pragma unroll
-      for (int u = 0; u < kIlp; ++u) {
-        const int i = i0 + kWarps * u;
-        const int64_t kb = (h0 + i / (kD / 128)) * (kD / 128) + i % (kD / 128);
-        *reinterpret_cast<uint32_t*>(f8.q + r * H * kD + kb * 128 + 4 * lane) = codes4(v[u], sc[u]);
-        if (lane == 0) f8.scales[kb * f8.stride + r] = sc[u];
-      }
-    }
-    return;
-  }
   if (tid < kH) {
     const int64_t hh = h0 + tid;
     float* dst = partial ? partial + ((r * H + hh) * nsplit + split) * kD : o + (r * H + hh) * kD;
@@ -402,9 +445,9 @@ void attention_wgmma(const float* q, const AttnRow* rows, int64_t R, int64_t H, 
   DSV4_CHECK(attention_wgmma_ok(H, kD), "attention_wgmma: needs H % 64 == 0, D == 512, an sm_90 device and an "
                                         "arch-90a build");
   DSV4_CHECK(!f8 || (nsplit == 1 && attention_fp8_out_ok(H, f8->rope) && f8->q && f8->scales &&
-                     reinterpret_cast<uintptr_t>(f8->q) % 4 == 0),
+                     reinterpret_cast<uintptr_t>(f8->q) % 16 == 0),
              "attention_wgmma: the FP8 output needs one split, heads of ", kD, " channels with <= ", kMaxRotPairs,
-             " rotary pairs and 4-byte aligned codes");
+             " rotary pairs and 16-byte aligned codes");
   const size_t smem = 1024 + sizeof(Smem);  // + the alignment of the swizzle atoms
   Fp8Epilogue base;
   if (f8) base = {f8->q, f8->scales, R, f8->rope.inv_freq, f8->rope.pos, static_cast<int>(f8->rope.pairs)};
