@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "backend/cuda/ops.h"
 #include "backend/cuda/ops_common.cuh"
@@ -13,6 +14,7 @@
 
 namespace dsv4::cuda::mhc {
 
+using detail::bf16x4_to_float4;
 using detail::warp_sum;
 
 constexpr int kProjThreads = 128;
@@ -202,19 +204,25 @@ __device__ __forceinline__ float4 mix_column(const float4* X4, const float* coef
 // hc_post's sub-layer output at float4 column c of row r: F, plus F2 (the routed experts' sum
 // beside the shared expert's output), or that sum made from the routed rows (combine_kernel<4>'s
 // loop in moe.cu: the same floats).
+// Float4 column c of routed row `slot` (fp32 or bf16 rows).
+__device__ __forceinline__ float4 routed_row4(const RoutedRows& rt, int64_t slot, int64_t d4, int64_t c) {
+  if (rt.Y16) return bf16x4_to_float4(reinterpret_cast<const uint2*>(rt.Y16 + slot * 4 * d4)[c]);
+  return reinterpret_cast<const float4*>(rt.Y + slot * 4 * d4)[c];
+}
+
 __device__ __forceinline__ float4 post_input(const float* F, const float* F2, const RoutedRows& rt, int64_t r,
                                              int64_t d4, int64_t c) {
   float4 f = reinterpret_cast<const float4*>(F)[r * d4 + c];
   if (F2) {
     const float4 g = reinterpret_cast<const float4*>(F2)[r * d4 + c];
     f = make_float4(f.x + g.x, f.y + g.y, f.z + g.z, f.w + g.w);
-  } else if (rt.Y) {
+  } else if (rt.any()) {
     float g[4] = {};
     for (int k = 0; k < rt.K; ++k) {
       const int e = rt.experts[r * rt.K + k];
       if (e < 0 || e >= rt.E) continue;
       const float w = rt.weights[r * rt.K + k];
-      const float4 y = reinterpret_cast<const float4*>(rt.Y + (r * rt.K + k) * 4 * d4)[c];
+      const float4 y = routed_row4(rt, r * rt.K + k, d4, c);
       g[0] += w * y.x;
       g[1] += w * y.y;
       g[2] += w * y.z;
@@ -230,13 +238,16 @@ __device__ __forceinline__ float4 post_input(const float* F, const float* F2, co
 // them (the same floats, in its order). The routed slots of a row (a valid mask, the weights into
 // w[0, K) when w is given) are read once per row; up to kMaxRoutedK of them.
 constexpr int kMaxRoutedK = 6;  // every DeepSeek-V4 config routes 6 a token
+// kY16: the routed rows are bf16 (RoutedRows::Y16), held as loaded and widened in post_sum.
+template <bool kY16>
 struct PostLoads {
-  float4 f, y[kMaxRoutedK];  // y[0]: F2's column when there is an F2 (never with routed rows)
+  float4 f;
+  std::conditional_t<kY16, uint2, float4> y[kMaxRoutedK];  // !kY16: y[0] is F2's column when there is an F2
 };
 
 __device__ __forceinline__ uint32_t post_row(const RoutedRows& rt, int64_t r, float* w) {
   uint32_t valid = 0;
-  if (!rt.Y) return valid;
+  if (!rt.any()) return valid;
 #pragma unroll
   for (int k = 0; k < kMaxRoutedK; ++k) {
     if (k >= rt.K) break;
@@ -248,29 +259,44 @@ __device__ __forceinline__ uint32_t post_row(const RoutedRows& rt, int64_t r, fl
   return valid;
 }
 
-__device__ __forceinline__ void post_load(PostLoads& l, const float* F, const float* F2, const RoutedRows& rt,
+template <bool kY16>
+__device__ __forceinline__ void post_load(PostLoads<kY16>& l, const float* F, const float* F2, const RoutedRows& rt,
                                           uint32_t valid, int64_t r, int64_t d4, int64_t c) {
   l.f = reinterpret_cast<const float4*>(F)[r * d4 + c];
-  if (F2) l.y[0] = reinterpret_cast<const float4*>(F2)[r * d4 + c];
+  if constexpr (!kY16)
+    if (F2) l.y[0] = reinterpret_cast<const float4*>(F2)[r * d4 + c];
 #pragma unroll
-  for (int k = 0; k < kMaxRoutedK; ++k)
-    if (valid >> k & 1u) l.y[k] = reinterpret_cast<const float4*>(rt.Y + (r * rt.K + k) * 4 * d4)[c];
+  for (int k = 0; k < kMaxRoutedK; ++k) {
+    if (!(valid >> k & 1u)) continue;
+    const int64_t row = (r * rt.K + k) * 4 * d4;
+    if constexpr (kY16)
+      l.y[k] = reinterpret_cast<const uint2*>(rt.Y16 + row)[c];
+    else
+      l.y[k] = reinterpret_cast<const float4*>(rt.Y + row)[c];
+  }
 }
 
-__device__ __forceinline__ float4 post_sum(const PostLoads& l, uint32_t valid, const float* w, bool has_f2,
+template <bool kY16>
+__device__ __forceinline__ float4 post_sum(const PostLoads<kY16>& l, uint32_t valid, const float* w, bool has_f2,
                                            bool routed) {
   float4 f = l.f;
-  if (has_f2) return make_float4(f.x + l.y[0].x, f.y + l.y[0].y, f.z + l.y[0].z, f.w + l.y[0].w);
+  if constexpr (!kY16)
+    if (has_f2) return make_float4(f.x + l.y[0].x, f.y + l.y[0].y, f.z + l.y[0].z, f.w + l.y[0].w);
   if (routed) {
     float g[4] = {};
 #pragma unroll
     for (int k = 0; k < kMaxRoutedK; ++k) {
       if (!(valid >> k & 1u)) continue;
       const float wk = w[k];
-      g[0] += wk * l.y[k].x;
-      g[1] += wk * l.y[k].y;
-      g[2] += wk * l.y[k].z;
-      g[3] += wk * l.y[k].w;
+      float4 y;
+      if constexpr (kY16)
+        y = bf16x4_to_float4(l.y[k]);
+      else
+        y = l.y[k];
+      g[0] += wk * y.x;
+      g[1] += wk * y.y;
+      g[2] += wk * y.z;
+      g[3] += wk * y.w;
     }
     f = make_float4(f.x + g[0], f.y + g[1], f.z + g[2], f.w + g[3]);
   }

@@ -24,6 +24,7 @@
 #include "backend/cuda/check.h"
 #include "backend/cuda/device.h"
 #include "backend/cuda/linear_kernels.cuh"
+#include "backend/cuda/ops_common.cuh"
 #include "backend/cuda/moe.h"
 #include "backend/cuda/moe_route.cuh"
 #include "backend/cuda/moe_tiles.cuh"
@@ -308,9 +309,26 @@ __global__ void __launch_bounds__(kTileThreads) down_tile(const DevWeight* __res
 
 // V = 4: four adjacent columns per thread with float4 loads (d % 4 == 0, 16-byte aligned out): the
 // scalar form issued one load per weight, expert id and Y element and read ~1.6 TB/s (ncu, 4096
-// tokens). Same sums in the same k order either way.
-template <int V>
-__global__ void combine_kernel(const float* __restrict__ Y, const int32_t* __restrict__ experts,
+// tokens). Same sums in the same k order either way. T: the rows' type, float or bf16 bits
+// (uint16_t, widened exactly).
+template <int V, typename T>
+__device__ __forceinline__ void row_values(const T* row, int64_t c, float (&v)[V]) {
+  if constexpr (std::is_same_v<T, float>) {
+    using Vec = std::conditional_t<V == 4, float4, float>;
+    const Vec y = reinterpret_cast<const Vec*>(row)[c];
+#pragma unroll
+    for (int j = 0; j < V; ++j) v[j] = reinterpret_cast<const float*>(&y)[j];
+  } else if constexpr (V == 4) {
+    const uint2 u = reinterpret_cast<const uint2*>(row)[c];
+    const float4 y = detail::bf16x4_to_float4(u);
+    v[0] = y.x, v[1] = y.y, v[2] = y.z, v[3] = y.w;
+  } else {
+    v[0] = __uint_as_float(uint32_t(row[c]) << 16);
+  }
+}
+
+template <int V, typename T>
+__global__ void combine_kernel(const T* __restrict__ Y, const int32_t* __restrict__ experts,
                                const float* __restrict__ weights, int64_t R, int K, int E, int64_t d,
                                bool accumulate, float* __restrict__ out) {
   using Vec = std::conditional_t<V == 4, float4, float>;
@@ -322,8 +340,8 @@ __global__ void combine_kernel(const float* __restrict__ Y, const int32_t* __res
     const int e = experts[r * K + k];
     if (e < 0 || e >= E) continue;
     const float w = weights[r * K + k];
-    const Vec y = reinterpret_cast<const Vec*>(Y + (r * K + k) * d)[c];
-    const float* yv = reinterpret_cast<const float*>(&y);
+    float yv[V];
+    row_values<V>(Y + (r * K + k) * d, c, yv);
 #pragma unroll
     for (int j = 0; j < V; ++j) acc[j] += w * yv[j];
   }
@@ -339,14 +357,22 @@ __global__ void combine_kernel(const float* __restrict__ Y, const int32_t* __res
   o = res;
 }
 
-void combine(const float* Y, const int32_t* experts, const float* weights, int64_t R, int K, int E, int64_t d,
-             bool accumulate, float* out, cudaStream_t s) {
+template <typename T>
+void combine_rows(const T* Y, const RoutedRows& rows, int64_t R, int64_t d, bool accumulate, float* out,
+                  cudaStream_t s) {
   if (d % 4 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0)
-    combine_kernel<4><<<static_cast<unsigned>((R * d / 4 + 255) / 256), 256, 0, s>>>(Y, experts, weights, R, K, E, d,
-                                                                                      accumulate, out);
+    combine_kernel<4, T><<<static_cast<unsigned>((R * d / 4 + 255) / 256), 256, 0, s>>>(
+        Y, rows.experts, rows.weights, R, rows.K, rows.E, d, accumulate, out);
   else
-    combine_kernel<1><<<static_cast<unsigned>((R * d + 255) / 256), 256, 0, s>>>(Y, experts, weights, R, K, E, d,
-                                                                                  accumulate, out);
+    combine_kernel<1, T><<<static_cast<unsigned>((R * d + 255) / 256), 256, 0, s>>>(
+        Y, rows.experts, rows.weights, R, rows.K, rows.E, d, accumulate, out);
+}
+
+void combine(const RoutedRows& rows, int64_t R, int64_t d, bool accumulate, float* out, cudaStream_t s) {
+  if (rows.Y16)
+    combine_rows(rows.Y16, rows, R, d, accumulate, out, s);
+  else
+    combine_rows(rows.Y, rows, R, d, accumulate, out, s);
   DSV4_CUDA_LAUNCH_CHECK();
 }
 
@@ -649,12 +675,14 @@ void MoeRunner::run_impl(const ExpertSet& set, const float* x, int64_t R, const 
   DSV4_CHECK(max_tiles < 65536u, "MoeRunner: tile grid too large (R too big for one call)");
 
   // The weighted sum of the pairs' rows Y: into out, or left to the caller (defer, !accumulate).
-  const auto finish = [&](const float* Y) {
+  // Y16: the rows as bf16 instead (the FP8 prefill tiles: half the bytes of the [pairs, d] round trip).
+  const auto finish = [&](const float* Y, const uint16_t* Y16 = nullptr) {
+    const RoutedRows rows{Y16 ? nullptr : Y, experts, weights, static_cast<int>(K), E, Y16};
     if (defer && !accumulate) {
-      *defer = RoutedRows{Y, experts, weights, static_cast<int>(K), E};
+      *defer = rows;
       return;
     }
-    combine(Y, experts, weights, R, static_cast<int>(K), E, d, accumulate, out, s);
+    combine(rows, R, d, accumulate, out, s);
   };
   grow(m.slot_pair, pairs * sizeof(int32_t));
   grow(m.tiles, max_tiles * sizeof(Tile));
@@ -695,8 +723,9 @@ void MoeRunner::run_impl(const ExpertSet& set, const float* x, int64_t R, const 
     launch_fp8_tiles(k.gateup, k, I / 64, max_tiles, s,
                      Fp8GateUpArgs{tab, tiles, nt, sp, static_cast<int>(K), xq, xs, R, d, I, limit, H});
     act_quant_fp8_wgmma_b(H, pairs, I, I, hq, I, hs, s);
-    launch_fp8_tiles(k.down, k, d / 128, max_tiles, s, Fp8DownArgs{tab, tiles, nt, sp, hq, hs, pairs, d, I, Y});
-    finish(Y);
+    __nv_bfloat16* Yh = reinterpret_cast<__nv_bfloat16*>(Y);
+    launch_fp8_tiles(k.down, k, d / 128, max_tiles, s, Fp8DownArgs{tab, tiles, nt, sp, hq, hs, pairs, d, I, Yh});
+    finish(nullptr, reinterpret_cast<const uint16_t*>(Yh));
     return;
   }
   if (wgmma) {

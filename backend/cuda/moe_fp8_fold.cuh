@@ -178,7 +178,7 @@ __device__ __forceinline__ int32_t act_row(const Fp8DownArgs&, const MoeTile& t,
 
 // The epilogues, from the [row][pitch] sums of a tile, by threads tid < n of the CTA: gate/up's h
 // rows r0 .. r0 + 63 of each token (SwiGLU of the W1 sums, rows 0-63, and the W3 sums, rows
-// 64-127: 64 consecutive floats per token), down's y rows r0 .. r0 + 127 (128 consecutive floats
+// 64-127: 64 consecutive floats per token), down's y rows r0 .. r0 + 127 (128 consecutive bf16
 // per token).
 __device__ __forceinline__ void store_h(const float* ex, int pitch, const MoeTile& t, int64_t r0, int64_t I,
                                         float limit, float* H, int tid, int n) {
@@ -188,10 +188,10 @@ __device__ __forceinline__ void store_h(const float* ex, int pitch, const MoeTil
         swiglu_clamped(ex[row * pitch + col], ex[(64 + row) * pitch + col], limit);
 }
 __device__ __forceinline__ void store_y(const float* ex, int pitch, const MoeTile& t, const int32_t* slot_pair,
-                                        int64_t r0, int64_t d, float* Y, int tid, int n) {
+                                        int64_t r0, int64_t d, __nv_bfloat16* Y, int tid, int n) {
   const int row = tid & 127;
   for (int col = tid >> 7; col < t.count; col += n / 128)
-    Y[static_cast<int64_t>(slot_pair[t.start + col]) * d + r0 + row] = ex[row * pitch + col];
+    Y[static_cast<int64_t>(slot_pair[t.start + col]) * d + r0 + row] = __float2bfloat16_rn(ex[row * pitch + col]);
 }
 
 }  // namespace dsv4::cuda::detail

@@ -91,7 +91,7 @@ void fp8_decode_down(int tile_tokens, const DevWeight* tab, const MoeTile* tiles
 // (each warpgroup converts its own weights) and moe_wgmma_fp8_ws.cu (warp-specialised: a
 // producer warpgroup copies and converts, two consumers run the wgmmas). Gate/up: one CTA per 64
 // rows of h and tile (H[slot, i] = swiglu(W1 x, W3 x)); down: one per 128 rows of y and tile
-// (Y[pair, :] = W2 h[slot]); both launched as programmatic dependents (moe.cu). Need
+// (Y[pair, :] = W2 h[slot], stored as bf16); both launched as programmatic dependents (moe.cu). Need
 // wgmma_available(), d and I multiples of 128.
 constexpr int kMoeFp8WideTokens = 128;
 struct Fp8GateUpArgs {
@@ -112,7 +112,7 @@ struct Fp8DownArgs {
   const uint8_t* hq;
   const float* hs;
   int64_t ldhs, d, I;
-  float* Y;
+  __nv_bfloat16* Y;  // [pairs, d] in bf16: the routed sum (hc_post or combine) widens them
 };
 struct Fp8TileKernels {
   void (*gateup)(Fp8GateUpArgs);

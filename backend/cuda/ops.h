@@ -58,6 +58,8 @@ struct RoutedRows {
   const int32_t* experts = nullptr;
   const float* weights = nullptr;
   int K = 0, E = 0;
+  const uint16_t* Y16 = nullptr;  // instead of Y: the rows as bf16 bits (the FP8 prefill tiles write them)
+  constexpr bool any() const { return Y != nullptr || Y16 != nullptr; }  // (constexpr: device code calls it)
 };
 // X'[k] = post_k F + Σ_j comb[j][k] X[j], in place; F2 (optional) is added to F first (the
 // routed experts' sum beside the shared expert's output: F + F2 is the sub-layer output), or

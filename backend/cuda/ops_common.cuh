@@ -78,6 +78,12 @@ __device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf
 
 __host__ __device__ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// Four bf16 (as bits, element 0 lowest) in fp32: exact.
+__device__ __forceinline__ float4 bf16x4_to_float4(uint2 u) {
+  return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xFFFF0000u), __uint_as_float(u.y << 16),
+                     __uint_as_float(u.y & 0xFFFF0000u));
+}
+
 // Threads of the one-block-per-row norm kernels (rms_norm, rms_norm_rope, the fused norm +
 // quantisation of act_quant.cu): their sums of squares run in the same order.
 inline int row_threads(int64_t n) { return n >= 1024 ? 256 : 128; }

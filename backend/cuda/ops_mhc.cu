@@ -451,7 +451,8 @@ void hc_post(const float* post, const float* comb, const float* F, float* X, int
     RoutedRows rt{};
     if (routed) {  // this range's rows
       rt = *routed;
-      rt.Y += r0 * rt.K * d;
+      if (rt.Y) rt.Y += r0 * rt.K * d;
+      if (rt.Y16) rt.Y16 += r0 * rt.K * d;
       rt.experts += r0 * rt.K;
       rt.weights += r0 * rt.K;
     }

@@ -63,11 +63,14 @@ struct Args {
 // step ahead, so that they are in flight while the tensor cores run the step before (with the
 // loads and the products of a step in sequence, ~20 KB a block in flight for only part of the
 // time bounded the first form at ~60% of hc_post's bandwidth).
+template <bool kY16>
 struct StepLoads {
   float4 old[kN];
-  mhc::PostLoads in;
+  mhc::PostLoads<kY16> in;
 };
 
+// kY16: the routed rows are bf16 (RoutedRows::Y16).
+template <bool kY16>
 __global__ void __launch_bounds__(kThreads, 2) hc_post_project_tiled_kernel(Args a) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   Smem& S = *reinterpret_cast<Smem*>(smem_raw);
@@ -86,11 +89,11 @@ __global__ void __launch_bounds__(kThreads, 2) hc_post_project_tiled_kernel(Args
     for (int e = 0; e < kN * kN; ++e) S.comb[row][e] = live ? a.comb[r * kN * kN + e] : 0.f;
   // Every thread of the row reads the mask; one writes the weights.
   const uint32_t valid = live ? mhc::post_row(a.rt, r, cc == 0 ? S.w[row] : nullptr) : 0u;
-  const bool has_f2 = a.F2 != nullptr, routed = a.rt.Y != nullptr;
+  const bool has_f2 = a.F2 != nullptr, routed = a.rt.any();
   float4* X4 = reinterpret_cast<float4*>(a.X) + r * kN * d4;
   const int64_t nd = kN * d4 * 4;
   auto column = [&](int t) { return c_begin + int64_t(t) * kCols4 + cc; };
-  auto load = [&](int t, StepLoads& l) {
+  auto load = [&](int t, StepLoads<kY16>& l) {
     if (!live || t >= steps) return;
     const int64_t c = column(t);
 #pragma unroll
@@ -99,7 +102,7 @@ __global__ void __launch_bounds__(kThreads, 2) hc_post_project_tiled_kernel(Args
   };
   // hc_post's new streams from the loads of step t into X and tile b; fn's columns of the step
   // into the tile by cp.async (one commit group).
-  auto make = [&](int t, int b, const StepLoads& l) {
+  auto make = [&](int t, int b, const StepLoads<kY16>& l) {
     float4 nw[kN];
     if (live) {
       const float4 in = mhc::post_sum(l.in, valid, S.w[row], has_f2, routed);
@@ -125,7 +128,7 @@ __global__ void __launch_bounds__(kThreads, 2) hc_post_project_tiled_kernel(Args
   const int warp = tid >> 5, g = (tid & 31) >> 2, q = tid & 3;
   const int ra = (warp % kRowGroups) * 16 + g, k_part = (warp / kRowGroups) * kPartK;
   float acc[3][4] = {}, ss[2] = {};
-  StepLoads l;  // one set of registers: step t's loads are used up before step t + 1's are issued
+  StepLoads<kY16> l;  // one set of registers: step t's loads are used up before step t + 1's are issued
   __syncthreads();  // comb
   load(0, l);
   for (int t = 0; t < steps; ++t) {
@@ -225,14 +228,15 @@ void hc_post_project_tiled(const float* post, const float* comb, const float* F,
   a.stash = stash;
   const int64_t row_blocks = ceil_div(R, kRows);
   DSV4_CHECK(row_blocks < (int64_t{1} << 31), "cuda::hc_post_project: too many rows");
+  auto* kernel = a.rt.Y16 ? hc_post_project_tiled_kernel<true> : hc_post_project_tiled_kernel<false>;
   static const bool smem_set = [] {
-    DSV4_CUDA_CHECK(cudaFuncSetAttribute(hc_post_project_tiled_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(sizeof(Smem))));
+    for (auto* k : {hc_post_project_tiled_kernel<true>, hc_post_project_tiled_kernel<false>})
+      DSV4_CUDA_CHECK(
+          cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(sizeof(Smem))));
     return true;
   }();
   (void)smem_set;
-  hc_post_project_tiled_kernel<<<dim3(static_cast<unsigned>(row_blocks), static_cast<unsigned>(ks)), kThreads,
-                                 sizeof(Smem), s>>>(a);
+  kernel<<<dim3(static_cast<unsigned>(row_blocks), static_cast<unsigned>(ks)), kThreads, sizeof(Smem), s>>>(a);
   DSV4_CUDA_LAUNCH_CHECK();
 }
 

@@ -497,8 +497,8 @@ bool CudaModel::run_layer(const DeviceLayer& L, size_t li, const float* rope, co
   br.join(kSharedSide);
   br.join(kGatesSide);
   // F + the routed sum: the same floats as when the combine added into F.
-  const float* F2 = routed.Y ? nullptr : a.F2;
-  const cuda::RoutedRows* rt = routed.Y ? &routed : nullptr;
+  const float* F2 = routed.any() ? nullptr : a.F2;
+  const cuda::RoutedRows* rt = routed.any() ? &routed : nullptr;
   const bool next_projected = next && cuda::hc_post_project(a.post, a.comb, F, X, R, n, d, *next, s, F2, rt);
   if (!next_projected) cuda::hc_post(a.post, a.comb, F, X, R, n, d, s, F2, rt);
   mark("hc_post");

@@ -320,7 +320,32 @@ TEST_P(CudaOpsMhc, HcPostProjectThenPreMatchesCpu) {
                                     dw.p, nullptr, nullptr, &rt));
   cuda::hc_post(dppost.as<float>(), dpcomb.as<float>(), dF.as<float>(), dXd.as<float>(), R, n, d, nullptr, nullptr,
                 &rt);
-  EXPECT_EQ(to_host<float>(dXc, X.size()), to_host<float>(dXd, X.size()));
+  const std::vector<float> want = to_host<float>(dXd, X.size());
+  EXPECT_EQ(to_host<float>(dXc, X.size()), want);
+  // The rows as bf16 (RoutedRows::Y16, the FP8 prefill tiles' form): the streams of the fp32 rows
+  // holding the same (widened) values, bit for bit, in both kernels.
+  const std::vector<float> y = to_host<float>(dY, R * K * d);
+  std::vector<uint16_t> y16(y.size());
+  std::vector<float> y_wide(y.size());
+  for (size_t i = 0; i < y.size(); ++i) {
+    y16[i] = test::bf16_bits_of(y[i]);
+    y_wide[i] = test::bf16_round(y[i]);
+  }
+  DeviceBuffer dY16 = to_device(y16), dYw = to_device(y_wide);
+  cuda::RoutedRows rt16 = rt, rtw = rt;
+  rt16.Y = nullptr;
+  rt16.Y16 = dY16.as<uint16_t>();
+  rtw.Y = dYw.as<float>();
+  DeviceBuffer dXe = to_device(X), dXf = to_device(X), dXg = to_device(X);
+  ASSERT_TRUE(cuda::hc_post_project(dppost.as<float>(), dpcomb.as<float>(), dF.as<float>(), dXe.as<float>(), R, n, d,
+                                    dw.p, nullptr, nullptr, &rt16));
+  cuda::hc_post(dppost.as<float>(), dpcomb.as<float>(), dF.as<float>(), dXf.as<float>(), R, n, d, nullptr, nullptr,
+                &rt16);
+  cuda::hc_post(dppost.as<float>(), dpcomb.as<float>(), dF.as<float>(), dXg.as<float>(), R, n, d, nullptr, nullptr,
+                &rtw);
+  const std::vector<float> want16 = to_host<float>(dXg, X.size());
+  EXPECT_EQ(to_host<float>(dXe, X.size()), want16) << "projecting hc_post, bf16 rows";
+  EXPECT_EQ(to_host<float>(dXf, X.size()), want16) << "hc_post, bf16 rows";
 }
 
 TEST_P(CudaOpsMhc, HcHeadMatchesCpu) {
