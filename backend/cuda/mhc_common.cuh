@@ -210,6 +210,14 @@ __device__ __forceinline__ float4 routed_row4(const RoutedRows& rt, int64_t slot
   return reinterpret_cast<const float4*>(rt.Y + slot * 4 * d4)[c];
 }
 
+// g += w y: one routed row's term of the weighted sum (post_input and post_sum: the same floats).
+__device__ __forceinline__ void add_weighted(float (&g)[4], float w, float4 y) {
+  g[0] += w * y.x;
+  g[1] += w * y.y;
+  g[2] += w * y.z;
+  g[3] += w * y.w;
+}
+
 __device__ __forceinline__ float4 post_input(const float* F, const float* F2, const RoutedRows& rt, int64_t r,
                                              int64_t d4, int64_t c) {
   float4 f = reinterpret_cast<const float4*>(F)[r * d4 + c];
@@ -222,11 +230,7 @@ __device__ __forceinline__ float4 post_input(const float* F, const float* F2, co
       const int e = rt.experts[r * rt.K + k];
       if (e < 0 || e >= rt.E) continue;
       const float w = rt.weights[r * rt.K + k];
-      const float4 y = routed_row4(rt, r * rt.K + k, d4, c);
-      g[0] += w * y.x;
-      g[1] += w * y.y;
-      g[2] += w * y.z;
-      g[3] += w * y.w;
+      add_weighted(g, w, routed_row4(rt, r * rt.K + k, d4, c));
     }
     f = make_float4(f.x + g[0], f.y + g[1], f.z + g[2], f.w + g[3]);
   }
@@ -287,16 +291,10 @@ __device__ __forceinline__ float4 post_sum(const PostLoads<kY16>& l, uint32_t va
 #pragma unroll
     for (int k = 0; k < kMaxRoutedK; ++k) {
       if (!(valid >> k & 1u)) continue;
-      const float wk = w[k];
-      float4 y;
       if constexpr (kY16)
-        y = bf16x4_to_float4(l.y[k]);
+        add_weighted(g, w[k], bf16x4_to_float4(l.y[k]));
       else
-        y = l.y[k];
-      g[0] += wk * y.x;
-      g[1] += wk * y.y;
-      g[2] += wk * y.z;
-      g[3] += wk * y.w;
+        add_weighted(g, w[k], l.y[k]);
     }
     f = make_float4(f.x + g[0], f.y + g[1], f.z + g[2], f.w + g[3]);
   }
