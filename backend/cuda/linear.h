@@ -64,6 +64,10 @@ class FastLinear {
   // groups, a multiple of rope.head_len.
   void run_grouped_inverse_rope(const WeightView& w, int64_t groups, float* x, int64_t rows, float* y, int64_t ldx,
                                 int64_t ldy, const InverseRope& rope, cudaStream_t s);
+  // run(w, x, rows, ...) with the output as bf16 (y16 [rows, w.out], bf16 bits): cuBLASLt's FP8
+  // GEMM writes its fp32 sums rounded to bf16, half the bytes of y. false (nothing enqueued, or
+  // only the activation quantisation) where w is not an FP8 weight on cuBLASLt at these rows.
+  bool run_bf16_out(const WeightView& w, const float* x, int64_t rows, uint16_t* y16, cudaStream_t s);
   // Where run_grouped_inverse_rope(w, groups, x, rows, ...) would quantise x for the grouped FP8
   // GEMM (FP8 weights past the GEMV sizes): true, with the buffers that quantisation writes —
   // codes [rows, groups w.in], scales [groups w.in / 128][rows], act_quant_fp8_inverse_rope's

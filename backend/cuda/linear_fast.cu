@@ -337,6 +337,20 @@ struct FastLinear::Impl {
     return true;
   }
 
+  // fp8_gemm with a bf16 D straight into y16 [rows, w.out] (no padding rows: rows % 4 == 0).
+  bool fp8_gemm_bf16(const WeightView& w, const float* x, int64_t rows, uint16_t* y16, cudaStream_t s) {
+    const int64_t k = w.in, kb = k / 128, n = w.out;
+    if (rows % 4 != 0 || reinterpret_cast<uintptr_t>(y16) % 16 != 0) return false;
+    grow(xq, static_cast<size_t>(rows * k));
+    grow(xs, static_cast<size_t>(rows * kb) * sizeof(float));
+    act_quant_fp8(x, rows, k, k, rows, xq.as<uint8_t>(), k, xs.as<float>(), s);
+    if (matmul(plan(kFp8, n, rows, k, n, CUDA_R_16BF), w.data, xq.get(), y16, weight_scales(w, 0, n, s),
+               xs.as<float>(), s))
+      return true;
+    return matmul(plan(kFp8, n, rows, k, n, CUDA_R_16BF, true), w.data, xq.get(), y16,
+                  weight_scales(w, 0, n, s, true), xs.as<float>(), s);
+  }
+
   bool bf16_gemm(const WeightView& w, const float* x, int64_t rows, float* y, int64_t row_begin, int64_t n,
                  int64_t ldx, int64_t ldy, cudaStream_t s) {
     const int64_t k = w.in;
@@ -448,6 +462,14 @@ void FastLinear::run(const WeightView& w, const float* x, int64_t rows, float* y
     impl_->warn_fallback("bf16", n, rows, w.in);
   }
   linear_exact(w, x, rows, y, row_begin, row_end, ldx, ldy, s);
+}
+
+bool FastLinear::run_bf16_out(const WeightView& w, const float* x, int64_t rows, uint16_t* y16, cudaStream_t s) {
+  if (rows <= 0 || w.format != WeightFormat::FP8Block || fp8_gemm_ > 0) return false;
+  // run()'s order: the tensor-core GEMV where it fits, cuBLASLt past the GEMV sizes.
+  if (mma_gemv_ && impl_->mma_fp8_fits(w, rows, 0, w.out, 1)) return false;
+  if (rows <= gemv_max_rows_ || w.out % 16 != 0 || !aligned16(w.data) || w.in % 128 != 0) return false;
+  return impl_->fp8_gemm_bf16(w, x, rows, y16, s);
 }
 
 void FastLinear::run_shared_input(std::initializer_list<Output> outs, const float* x, int64_t rows, int64_t ldx,

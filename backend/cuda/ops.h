@@ -31,6 +31,12 @@ void rope(float* x, int64_t rows, int64_t heads, int64_t len, const float* inv_f
 // for unaligned shapes).
 void rms_norm_rope(float* x, const float* gamma, int64_t rows, int64_t heads, int64_t len, float eps,
                    const float* inv_freq, int64_t pairs, const int64_t* pos, cudaStream_t s, void* bf16_out = nullptr);
+// The same on bf16 input (x16 [rows, heads, len] bf16 bits, widened exactly): the result rounded
+// back in place, rms_norm_rope(widened x, ..., bf16_out) bit for bit; or with f32_out, written
+// there in fp32 (rms_norm_rope on the widened x, in place, bit for bit).
+void rms_norm_rope_bf16(void* x16, const float* gamma, int64_t rows, int64_t heads, int64_t len, float eps,
+                        const float* inv_freq, int64_t pairs, const int64_t* pos, cudaStream_t s,
+                        float* f32_out = nullptr);
 
 // ---- mHC (model/mhc.h is the twin) ---------------------------------------------------------------
 

@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/ops.h"
@@ -13,6 +14,7 @@
 
 namespace dsv4::cuda {
 
+using detail::bf16x4_to_float4;
 using detail::block_sum;
 using detail::ceil_div;
 using detail::rope_rotate;
@@ -88,13 +90,26 @@ __global__ void rms_norm_kernel(const float* x, const float* gamma, float* y, in
 // rms_norm then rope in one pass per (row, head) block of len channels (float4 path only): the
 // tail's pairs are rotated in registers right after normalising, with rope_kernel's arithmetic.
 // bf16_out: the result as bf16 pairs there (x unchanged), else in place.
-__global__ void rms_norm_rope_kernel(float* x, const float* gamma, int64_t heads, int64_t len, float eps,
-                                     const float* inv_freq, int64_t pairs, const int64_t* pos, __nv_bfloat16* bf16_out) {
+// In: float, or uint16_t (bf16 bits, widened exactly; then bf16_out may be x itself: each thread
+// rewrites only the values it read, after the block's sum).
+template <typename In>
+__device__ __forceinline__ float4 load4(const In* row, int64_t i) {
+  if constexpr (std::is_same_v<In, float>)
+    return reinterpret_cast<const float4*>(row)[i];
+  else
+    return bf16x4_to_float4(reinterpret_cast<const uint2*>(row)[i]);
+}
+
+// Out: bf16_out when given, else f32_out (x itself for fp32 input: in place).
+template <typename In>
+__global__ void rms_norm_rope_kernel(const In* x, const float* gamma, int64_t heads, int64_t len, float eps,
+                                     const float* inv_freq, int64_t pairs, const int64_t* pos, __nv_bfloat16* bf16_out,
+                                     float* f32_out) {
   __shared__ double red[32];
-  float* xr = x + blockIdx.x * len;
+  const In* xr = x + blockIdx.x * len;
   double ss = 0.0;
   for (int64_t i = threadIdx.x; i < len / 4; i += blockDim.x) {
-    const float4 v = reinterpret_cast<const float4*>(xr)[i];
+    const float4 v = load4(xr, i);
     ss += double(v.x) * v.x + double(v.y) * v.y + double(v.z) * v.z + double(v.w) * v.w;
   }
   ss = block_sum(ss, red);
@@ -102,7 +117,7 @@ __global__ void rms_norm_rope_kernel(float* x, const float* gamma, int64_t heads
   const int64_t tail = len - 2 * pairs;
   const float p = static_cast<float>(pos[blockIdx.x / heads]);
   for (int64_t i = threadIdx.x; i < len / 4; i += blockDim.x) {
-    float4 v = reinterpret_cast<const float4*>(xr)[i];
+    float4 v = load4(xr, i);
     const float4 g = gamma ? reinterpret_cast<const float4*>(gamma)[i] : make_float4(1.f, 1.f, 1.f, 1.f);
     float o[4] = {g.x * (v.x * inv), g.y * (v.y * inv), g.z * (v.z * inv), g.w * (v.w * inv)};
     if (4 * i >= tail) {
@@ -117,7 +132,7 @@ __global__ void rms_norm_rope_kernel(float* x, const float* gamma, int64_t heads
       b[0] = __floats2bfloat162_rn(o[0], o[1]);
       b[1] = __floats2bfloat162_rn(o[2], o[3]);
     } else {
-      reinterpret_cast<float4*>(xr)[i] = make_float4(o[0], o[1], o[2], o[3]);
+      reinterpret_cast<float4*>(f32_out + blockIdx.x * len)[i] = make_float4(o[0], o[1], o[2], o[3]);
     }
   }
 }
@@ -220,7 +235,22 @@ void rms_norm_rope(float* x, const float* gamma, int64_t rows, int64_t heads, in
     DSV4_CUDA_LAUNCH_CHECK();
     return;
   }
-  rms_norm_rope_kernel<<<rows * heads, row_threads(len), 0, s>>>(x, gamma, heads, len, eps, inv_freq, pairs, pos, b16);
+  rms_norm_rope_kernel<<<rows * heads, row_threads(len), 0, s>>>(x, gamma, heads, len, eps, inv_freq, pairs, pos, b16,
+                                                                 x);
+  DSV4_CUDA_LAUNCH_CHECK();
+}
+
+void rms_norm_rope_bf16(void* x16, const float* gamma, int64_t rows, int64_t heads, int64_t len, float eps,
+                        const float* inv_freq, int64_t pairs, const int64_t* pos, cudaStream_t s, float* f32_out) {
+  const auto al = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; };
+  DSV4_CHECK(len % 4 == 0 && (2 * pairs) % 4 == 0 && 2 * pairs <= len && al(x16) && (!gamma || al(gamma)) &&
+                 (!f32_out || al(f32_out)),
+             "cuda::rms_norm_rope_bf16: needs len and 2 pairs multiples of 4 and 16-byte aligned rows");
+  if (rows * heads == 0) return;
+  auto* x = static_cast<uint16_t*>(x16);
+  rms_norm_rope_kernel<<<rows * heads, row_threads(len), 0, s>>>(
+      x, gamma, heads, len, eps, inv_freq, pairs, pos, f32_out ? nullptr : reinterpret_cast<__nv_bfloat16*>(x),
+      f32_out);
   DSV4_CUDA_LAUNCH_CHECK();
 }
 

@@ -428,12 +428,22 @@ bool CudaModel::run_layer(const DeviceLayer& L, size_t li, const float* rope, co
                         kv_format_ == cuda::KeyFormat::BF16 ? a.kv_store : nullptr);
     mark("kv norm+rope");
   }
+  // Fast past the GEMV sizes: wq_b's GEMM writes q as bf16 — into the attention's bf16 q (bf16
+  // keys), where the norm + RoPE then run in place, or into o's buffer (free until attention
+  // writes it), from which the norm writes fp32 q. Both key formats round q before its norm alike,
+  // so their logits stay the same bit for bit; q's fp32 write and read (8 bytes a value) are gone.
+  uint16_t* q16 = reinterpret_cast<uint16_t*>(a.q_attn != q ? a.q_attn : a.o);
+  const bool q_bf16 = !wq_b_quantised && precision_ == cuda::Precision::Fast && q16 != reinterpret_cast<uint16_t*>(q) &&
+                      fast_->run_bf16_out(L.wq_b, qr, R, q16, s);
   if (wq_b_quantised)
     fast_->run_quantised(L.wq_b, R, q, L.wq_b.out, s);
-  else
+  else if (!q_bf16)
     linear(L.wq_b, qr, R, q);
   mark("wq_b");
-  cuda::rms_norm_rope(q, nullptr, R, H, D, eps, rope, P, a.pos, s, a.q_attn == q ? nullptr : a.q_attn);
+  if (q_bf16)
+    cuda::rms_norm_rope_bf16(q16, nullptr, R, H, D, eps, rope, P, a.pos, s, a.q_attn == q ? q : nullptr);
+  else
+    cuda::rms_norm_rope(q, nullptr, R, H, D, eps, rope, P, a.pos, s, a.q_attn == q ? nullptr : a.q_attn);
   mark("q norm+rope");
   br.join(kCompressorSide);
   if (L.kind == AttnKind::CSA) br.join(kIndexerSide);

@@ -203,6 +203,38 @@ TEST(CudaLinear, SharedInputMatchesSeparateRuns) {
   }
 }
 
+// FP8 weights past the GEMV sizes with a bf16 output (FastLinear::run_bf16_out, wq_b at prefill):
+// run()'s fp32 result rounded to bf16, within one bf16 rounding; false at GEMV sizes.
+TEST(CudaLinear, Bf16OutputMatchesRunRounded) {
+  DSV4_REQUIRE_GPU();
+  cuda::FastLinear fast;
+  TestWeight w = make_weight(Kind::FP8, 1024, 512);
+  for (int64_t rows : {4, 64, 300}) {
+    const std::vector<float> x = randn(static_cast<size_t>(rows * 512));
+    cuda::DeviceBuffer dx = cuda::to_device(x), y(static_cast<size_t>(rows * 1024) * 4),
+                       y16(static_cast<size_t>(rows * 1024) * 2);
+    y.fill_bytes(0xFF);
+    y16.fill_bytes(0xFF);
+    const bool took = fast.run_bf16_out(w.dev, dx.as<float>(), rows, y16.as<uint16_t>(), nullptr);
+    fast.run(w.dev, dx.as<float>(), rows, y.as<float>(), 0, 1024, 512, 1024, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    // At 4 rows the tensor-core GEMV runs (no bf16 form); past 32 rows cuBLASLt takes it.
+    EXPECT_EQ(took, rows > 32) << "rows " << rows;
+    if (!took) continue;
+    const std::vector<float> ref = cuda::to_host<float>(y, rows * 1024);
+    const std::vector<uint16_t> got = cuda::to_host<uint16_t>(y16, rows * 1024);
+    std::vector<float> wide(got.size());
+    size_t exact = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      const uint32_t u = static_cast<uint32_t>(got[i]) << 16;
+      std::memcpy(&wide[i], &u, 4);
+      exact += got[i] == test::bf16_bits_of(ref[i]);
+    }
+    std::printf("  bf16 output rows %lld: %zu of %zu the rounded fp32 result\n", (long long)rows, exact, got.size());
+    EXPECT_LE(rel_error(wide, ref), 4e-3) << "rows " << rows;
+  }
+}
+
 // q_norm fused into wq_b's activation quantisation (FastLinear::quantise_rms_norm, decode sizes):
 // the normed rows, the codes and so the outputs bit for bit as rms_norm then run(); false where
 // the tensor-core GEMV does not take the weight or the width is not whole 128-blocks.

@@ -142,6 +142,25 @@ TEST(CudaOpsNorm, RmsNormRopeMatchesCpu) {
       size_t bad = 0;
       for (size_t i = 0; i < y.size(); ++i) bad += b[i] != test::bf16_bits_of(y[i]);
       EXPECT_EQ(bad, 0u) << "bf16 output, heads " << heads << " len " << len;
+      // bf16 input in place (wq_b's bf16 output): the fp32 form on the widened values, bit for bit.
+      if (len % 4 != 0 || (2 * pairs) % 4 != 0) continue;
+      std::vector<uint16_t> x16(x.size());
+      for (size_t i = 0; i < x.size(); ++i) x16[i] = test::bf16_bits_of(x[i]);
+      DeviceBuffer dxw = to_device(test::bf16_round(x)), dw16 = poisoned<uint16_t>(x.size()), di16 = to_device(x16);
+      cuda::rms_norm_rope(dxw.as<float>(), weighted ? dg.as<float>() : nullptr, rows, heads, len, 1e-6f,
+                          df.as<float>(), pairs, dp.as<int64_t>(), nullptr, dw16.as<uint16_t>());
+      cuda::rms_norm_rope_bf16(di16.as<uint16_t>(), weighted ? dg.as<float>() : nullptr, rows, heads, len, 1e-6f,
+                               df.as<float>(), pairs, dp.as<int64_t>(), nullptr);
+      EXPECT_EQ(to_host<uint16_t>(di16, x.size()), to_host<uint16_t>(dw16, x.size()))
+          << "bf16 input, heads " << heads << " len " << len;
+      // ... and into fp32 (the fp32-key model's q): rms_norm_rope in place on the widened values.
+      DeviceBuffer dxw2 = to_device(test::bf16_round(x)), dj16 = to_device(x16), df32 = poisoned<float>(x.size());
+      cuda::rms_norm_rope(dxw2.as<float>(), weighted ? dg.as<float>() : nullptr, rows, heads, len, 1e-6f,
+                          df.as<float>(), pairs, dp.as<int64_t>(), nullptr);
+      cuda::rms_norm_rope_bf16(dj16.as<uint16_t>(), weighted ? dg.as<float>() : nullptr, rows, heads, len, 1e-6f,
+                               df.as<float>(), pairs, dp.as<int64_t>(), nullptr, df32.as<float>());
+      EXPECT_EQ(to_host<float>(df32, x.size()), to_host<float>(dxw2, x.size()))
+          << "bf16 input, fp32 output, heads " << heads << " len " << len;
     }
   }
 }
