@@ -101,40 +101,72 @@ __device__ __forceinline__ float4 load4(const In* row, int64_t i) {
 }
 
 // Out: bf16_out when given, else f32_out (x itself for fp32 input: in place).
+// One warp per (row, head): a head is 128-512 values, so a block per head spent most of its time
+// in the block-wide sum's barriers (1.8x its bytes at 8192 x 64 heads). Each lane keeps its first
+// kCached float4 chunks in registers between the sum and the write (len <= 512 reads x once);
+// later chunks are read again. Both input types share the one summation order (lane chunks in
+// order, then the xor tree), so bf16 input gives the fp32 form's bits on the widened values.
+constexpr int kNormRopeWarps = 8, kCached = 4;
 template <typename In>
-__global__ void rms_norm_rope_kernel(const In* x, const float* gamma, int64_t heads, int64_t len, float eps,
-                                     const float* inv_freq, int64_t pairs, const int64_t* pos, __nv_bfloat16* bf16_out,
-                                     float* f32_out) {
-  __shared__ double red[32];
-  const In* xr = x + blockIdx.x * len;
+__global__ void __launch_bounds__(kNormRopeWarps * 32)
+    rms_norm_rope_kernel(const In* x, const float* gamma, int64_t n_heads_total, int64_t heads, int64_t len, float eps,
+                         const float* inv_freq, int64_t pairs, const int64_t* pos, __nv_bfloat16* bf16_out,
+                         float* f32_out) {
+  const int lane = threadIdx.x & 31;
+  const int64_t rh = blockIdx.x * int64_t(kNormRopeWarps) + (threadIdx.x >> 5);
+  if (rh >= n_heads_total) return;  // whole warps leave together: the shuffles below stay full
+  const In* xr = x + rh * len;
+  const int64_t chunks = len / 4;
+  float4 v[kCached];
   double ss = 0.0;
-  for (int64_t i = threadIdx.x; i < len / 4; i += blockDim.x) {
-    const float4 v = load4(xr, i);
-    ss += double(v.x) * v.x + double(v.y) * v.y + double(v.z) * v.z + double(v.w) * v.w;
+#pragma unroll
+  for (int k = 0; k < kCached; ++k) {
+    const int64_t c = lane + 32 * k;
+    v[k] = c < chunks ? load4(xr, c) : make_float4(0.f, 0.f, 0.f, 0.f);
   }
-  ss = block_sum(ss, red);
+#pragma unroll
+  for (int k = 0; k < kCached; ++k)
+    ss += double(v[k].x) * v[k].x + double(v[k].y) * v[k].y + double(v[k].z) * v[k].z + double(v[k].w) * v[k].w;
+  for (int64_t c = lane + 32 * kCached; c < chunks; c += 32) {
+    const float4 u = load4(xr, c);
+    ss += double(u.x) * u.x + double(u.y) * u.y + double(u.z) * u.z + double(u.w) * u.w;
+  }
+  ss = detail::warp_sum(ss);
   const float inv = 1.0f / sqrtf(static_cast<float>(ss / len) + eps);
   const int64_t tail = len - 2 * pairs;
-  const float p = static_cast<float>(pos[blockIdx.x / heads]);
-  for (int64_t i = threadIdx.x; i < len / 4; i += blockDim.x) {
-    float4 v = load4(xr, i);
-    const float4 g = gamma ? reinterpret_cast<const float4*>(gamma)[i] : make_float4(1.f, 1.f, 1.f, 1.f);
-    float o[4] = {g.x * (v.x * inv), g.y * (v.y * inv), g.z * (v.z * inv), g.w * (v.w * inv)};
-    if (4 * i >= tail) {
+  const float p = static_cast<float>(pos[rh / heads]);
+  const auto write = [&](int64_t c, float4 u) {
+    const float4 g = gamma ? reinterpret_cast<const float4*>(gamma)[c] : make_float4(1.f, 1.f, 1.f, 1.f);
+    float o[4] = {g.x * (u.x * inv), g.y * (u.y * inv), g.z * (u.z * inv), g.w * (u.w * inv)};
+    if (4 * c >= tail) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        const float ang = p * inv_freq[(4 * i - tail) / 2 + h];
+        const float ang = p * inv_freq[(4 * c - tail) / 2 + h];
         rope_rotate(o[2 * h], o[2 * h + 1], cosf(ang), sinf(ang));
       }
     }
     if (bf16_out) {
-      __nv_bfloat162* b = reinterpret_cast<__nv_bfloat162*>(bf16_out + blockIdx.x * len) + 2 * i;
+      __nv_bfloat162* b = reinterpret_cast<__nv_bfloat162*>(bf16_out + rh * len) + 2 * c;
       b[0] = __floats2bfloat162_rn(o[0], o[1]);
       b[1] = __floats2bfloat162_rn(o[2], o[3]);
     } else {
-      reinterpret_cast<float4*>(f32_out + blockIdx.x * len)[i] = make_float4(o[0], o[1], o[2], o[3]);
+      reinterpret_cast<float4*>(f32_out + rh * len)[c] = make_float4(o[0], o[1], o[2], o[3]);
     }
-  }
+  };
+#pragma unroll
+  for (int k = 0; k < kCached; ++k)
+    if (lane + 32 * k < chunks) write(lane + 32 * k, v[k]);
+  for (int64_t c = lane + 32 * kCached; c < chunks; c += 32) write(c, load4(xr, c));
+}
+
+template <typename In>
+void launch_rms_norm_rope(const In* x, const float* gamma, int64_t rows, int64_t heads, int64_t len, float eps,
+                          const float* inv_freq, int64_t pairs, const int64_t* pos, __nv_bfloat16* bf16_out,
+                          float* f32_out, cudaStream_t s) {
+  const int64_t n = rows * heads;
+  rms_norm_rope_kernel<<<static_cast<unsigned>(ceil_div(n, int64_t(kNormRopeWarps))), kNormRopeWarps * 32, 0, s>>>(
+      x, gamma, n, heads, len, eps, inv_freq, pairs, pos, bf16_out, f32_out);
+  DSV4_CUDA_LAUNCH_CHECK();
 }
 
 // bf16 (nearest even) copy of n floats: the fallback form of rms_norm_rope's bf16 output.
@@ -235,9 +267,7 @@ void rms_norm_rope(float* x, const float* gamma, int64_t rows, int64_t heads, in
     DSV4_CUDA_LAUNCH_CHECK();
     return;
   }
-  rms_norm_rope_kernel<<<rows * heads, row_threads(len), 0, s>>>(x, gamma, heads, len, eps, inv_freq, pairs, pos, b16,
-                                                                 x);
-  DSV4_CUDA_LAUNCH_CHECK();
+  launch_rms_norm_rope<float>(x, gamma, rows, heads, len, eps, inv_freq, pairs, pos, b16, x, s);
 }
 
 void rms_norm_rope_bf16(void* x16, const float* gamma, int64_t rows, int64_t heads, int64_t len, float eps,
@@ -248,10 +278,8 @@ void rms_norm_rope_bf16(void* x16, const float* gamma, int64_t rows, int64_t hea
              "cuda::rms_norm_rope_bf16: needs len and 2 pairs multiples of 4 and 16-byte aligned rows");
   if (rows * heads == 0) return;
   auto* x = static_cast<uint16_t*>(x16);
-  rms_norm_rope_kernel<<<rows * heads, row_threads(len), 0, s>>>(
-      x, gamma, heads, len, eps, inv_freq, pairs, pos, f32_out ? nullptr : reinterpret_cast<__nv_bfloat16*>(x),
-      f32_out);
-  DSV4_CUDA_LAUNCH_CHECK();
+  launch_rms_norm_rope<uint16_t>(x, gamma, rows, heads, len, eps, inv_freq, pairs, pos,
+                                 f32_out ? nullptr : reinterpret_cast<__nv_bfloat16*>(x), f32_out, s);
 }
 
 void rope(float* x, int64_t rows, int64_t heads, int64_t len, const float* inv_freq, int64_t pairs,

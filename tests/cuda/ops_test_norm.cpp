@@ -117,7 +117,7 @@ TEST(CudaOpsNorm, RopeMatchesCpuAtLongPositions) {
 // The fused q-norm / kv-norm + RoPE against its unfused CPU twin (rms_norm, then rope_inplace).
 TEST(CudaOpsNorm, RmsNormRopeMatchesCpu) {
   DSV4_REQUIRE_GPU();
-  for (auto [heads, len, pairs] : {std::array<int64_t, 3>{8, 512, 32}, {1, 512, 32}, {3, 128, 6}, {2, 70, 5}}) {
+  for (auto [heads, len, pairs] : {std::array<int64_t, 3>{8, 512, 32}, {1, 512, 32}, {3, 128, 6}, {2, 70, 5}, {2, 1032, 16}}) {
     const int64_t rows = 11;
     const std::vector<float> f = test::inv_freqs(pairs), g = randn(len);
     std::vector<int64_t> pos = test::rand_positions(rows, 1 << 20);
