@@ -1,6 +1,7 @@
 #include "model/cuda/cuda_model.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -39,6 +40,17 @@ struct CallBlob {
   }
 };
 
+// Host vectors of the call plans, reused from call to call: fresh ones cost more than the plans
+// themselves (a prefill of 8192 tokens spent ~7 ms of host time before its first kernel, mostly
+// in first touches of new pages).
+struct CudaModel::PlanBuffers {
+  CallBlob blob;
+  std::vector<cuda::AttnRow> arows;
+  std::vector<cuda::IndexerRow> irows;
+  std::vector<cuda::PoolJob> cj, ij;
+  std::vector<cuda::RingJob> cr, ir, kr;
+};
+
 struct CallSegment {
   DeviceSequence* seq;
   int64_t row0, n, p0;
@@ -66,7 +78,10 @@ int64_t visible_bucket(int64_t n) { return (n + 1023) / 1024 * 1024; }
 }  // namespace
 
 CudaModel::CudaModel(const ModelWeights& w, cuda::Precision precision)
-    : dw_(upload_weights(w)), precision_(precision), ws_(std::make_unique<Workspace>()) {
+    : dw_(upload_weights(w)),
+      precision_(precision),
+      ws_(std::make_unique<Workspace>()),
+      plans_(std::make_unique<PlanBuffers>()) {
   DSV4_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   cuda::keep_async_pool();  // eager steps synchronise; scratch stays mapped between them
   fast_ = std::make_unique<cuda::FastLinear>();
@@ -277,10 +292,17 @@ CudaModel::LayerDesc CudaModel::describe_layer(const DeviceLayer& L, size_t li, 
   const int64_t D = cfg.head_dim, m = L.ratio, topk = std::max<int64_t>(cfg.index_topk, 1);
   const int64_t Dk = kv_format_ == cuda::KeyFormat::BF16 ? D / 2 : D;  // float slots per stored key
   LayerDesc ld;
-  std::vector<cuda::AttnRow> arows;
-  std::vector<cuda::IndexerRow> irows;
-  std::vector<cuda::PoolJob> cj, ij;
-  std::vector<cuda::RingJob> cr, ir, kr;
+  PlanBuffers& pb = *plans_;
+  std::vector<cuda::AttnRow>& arows = pb.arows;
+  std::vector<cuda::IndexerRow>& irows = pb.irows;
+  std::vector<cuda::PoolJob>&cj = pb.cj, &ij = pb.ij;
+  std::vector<cuda::RingJob>&cr = pb.cr, &ir = pb.ir, &kr = pb.kr;
+  for (auto* v : {&cr, &ir, &kr}) v->clear();
+  arows.clear();
+  irows.clear();
+  cj.clear();
+  ij.clear();
+  arows.reserve(static_cast<size_t>(rows.R()));
   int64_t max_n = 0;
   for (const CallSegment& sg : rows.segs) {
     const DeviceLayerState& st = sg.seq->layers[li];
@@ -547,21 +569,34 @@ void CudaModel::poison_workspace() {
 
 int64_t CudaModel::forward_device(std::span<const DeviceChunk> chunks, bool all_logits, const float** logits_out,
                                   std::vector<float>* hidden) {
+  // With a profile attached, the host phases' times go into its report (host- vs GPU-bound).
+  auto t_phase = std::chrono::steady_clock::now();
+  const auto phase = [&](const char* name) {
+    if (!prof_) return;
+    const auto now = std::chrono::steady_clock::now();
+    prof_->host_phase(name, std::chrono::duration<double, std::milli>(now - t_phase).count());
+    t_phase = now;
+  };
   const ModelConfig& cfg = dw_.config;
   const int64_t d = cfg.hidden_size, n = cfg.hc_mult;
   const Rows rows = gather_rows_of(chunks, all_logits);
+  phase("rows");
   const int64_t R = rows.R();
   Acts a = scratch(R);
   ws_->get<float>("Xo", rows.O() * n * d);  // size every buffer before poisoning
   ws_->get<float>("hh", rows.O() * d);
   ws_->get<float>("logits", rows.O() * cfg.vocab_size);
   poison_workspace();
+  phase("workspace");
 
-  CallBlob blob;
+  CallBlob& blob = plans_->blob;  // (the last call synchronised: its upload is done)
+  blob.bytes.clear();
   const size_t off_tok = blob.add(rows.tokens), off_pos = blob.add(rows.pos), off_out = blob.add(rows.out_rows);
   std::vector<LayerDesc> ld;
   for (size_t li = 0; li < dw_.layers.size(); ++li) ld.push_back(describe_layer(dw_.layers[li], li, rows, a, blob));
+  phase("layer plans");
   upload_blob(blob, a);
+  phase("upload of the plans");
   a.tok = reinterpret_cast<const int32_t*>(a.blob + off_tok);
   a.pos = reinterpret_cast<const int64_t*>(a.blob + off_pos);
   a.out = reinterpret_cast<const int64_t*>(a.blob + off_out);
@@ -587,7 +622,9 @@ int64_t CudaModel::forward_device(std::span<const DeviceChunk> chunks, bool all_
     graphs_.run(graph_key(rows, ld, blob.bytes.size()), stream_, body);
   else
     body();
+  phase("enqueue the ops");
   if (prof_) prof_->end();
+  phase("wait for the GPU after the last enqueue");
   if (hidden) {  // every row's streams after the last block (the head reads X, never writes it)
     hidden->resize(static_cast<size_t>(R * n * d));
     DSV4_CUDA_CHECK(cudaMemcpyAsync(hidden->data(), a.X, hidden->size() * sizeof(float), cudaMemcpyDeviceToHost, stream_));
@@ -640,7 +677,8 @@ std::vector<float> CudaModel::mtp_forward(std::span<const DeviceMtpChunk> chunks
   ws_->get<float>("logits", rows.O() * V);
   poison_workspace();
 
-  CallBlob blob;
+  CallBlob& blob = plans_->blob;  // (the last call synchronised: its upload is done)
+  blob.bytes.clear();
   const size_t off_tok = blob.add(rows.tokens), off_pos = blob.add(rows.pos), off_out = blob.add(rows.out_rows);
   const LayerDesc ld = describe_layer(M.block, 0, rows, a, blob);
   upload_blob(blob, a);

@@ -98,6 +98,7 @@ class CudaModel {
 
  private:
   struct Workspace;
+  struct PlanBuffers;
   struct Rows;
   struct LayerDesc;
   struct Acts;
@@ -140,6 +141,7 @@ class CudaModel {
   bool route_in_group_ = true;
   std::unique_ptr<cuda::MoeRunner> moe_;
   std::unique_ptr<Workspace> ws_;
+  std::unique_ptr<PlanBuffers> plans_;
   bool poison_ = false;
   GraphCache graphs_;
   bool graphs_on_ = true;

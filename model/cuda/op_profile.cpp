@@ -46,8 +46,18 @@ void OpProfile::end() {
   names_.clear();
 }
 
+void OpProfile::host_phase(const std::string& phase, double ms) {
+  for (auto& [name, total] : host_)
+    if (name == phase) {
+      total += ms;
+      return;
+    }
+  host_.emplace_back(phase, ms);
+}
+
 void OpProfile::reset() {
   totals_.clear();
+  host_.clear();
   calls_ = 0;
 }
 
@@ -68,6 +78,10 @@ std::string OpProfile::report() const {
   }
   std::snprintf(line, sizeof line, "  %-28s %10.3f %8s %12.1f\n", "sum", sum, "", calls_ ? 1e3 * sum / calls_ : 0.0);
   out += line;
+  for (const auto& [phase, ms] : host_) {
+    std::snprintf(line, sizeof line, "  host: %-40s %10.3f ms\n", phase.c_str(), ms);
+    out += line;
+  }
   return out;
 }
 

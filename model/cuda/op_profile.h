@@ -23,6 +23,9 @@ class OpProfile {
   // Waits for the call's events and adds their intervals to the totals.
   void end();
   void reset();
+  // Host time of a forward's phase outside the GPU ops (preparing the call, enqueueing it,
+  // waiting for the GPU): the report lists them after the ops, to tell host-bound from GPU-bound.
+  void host_phase(const std::string& phase, double ms);
   // One line per op: total ms over the recorded calls, per call µs, share of the sum.
   std::string report() const;
   int64_t calls() const { return calls_; }
@@ -33,6 +36,7 @@ class OpProfile {
   size_t used_ = 0;
   std::vector<std::string> names_;  // names_[i]: op ending at event i + 1
   std::map<std::string, std::pair<double, int64_t>> totals_;  // ms, marks
+  std::vector<std::pair<std::string, double>> host_;          // phase, ms (in first-seen order)
   int64_t calls_ = 0;
 };
 
