@@ -169,6 +169,20 @@ struct AttnRow {
   const int32_t* sel;
   int64_t n_sel;
 };
+// The attention rows (and, for CSA, the indexer rows) of one chunk segment of one layer, made on
+// the device from the segment's first row: row i has pos + i, n_entries (pos + 1) / ratio (HCA),
+// sel + i sel_stride (CSA). A prefill's rows are R per layer; built on the host they cost ~0.1 µs
+// each before the first kernel could start.
+struct RowPlanJob {
+  AttnRow first;
+  AttnRow* attn;            // n rows out
+  IndexerRow* index;        // CSA: n rows out ({index_keys, (pos + 1) / ratio}); else null
+  const void* index_keys;
+  int64_t n, ratio, sel_stride;
+  int32_t hca;              // n_entries from pos (HCA)
+};
+void expand_row_plans(const RowPlanJob* jobs, int64_t n_jobs, int64_t max_n, cudaStream_t s);
+
 // q [R, H, D] → o [R, H, D]: softmax over window + compressed keys (K = V) with a sink logit
 // per head in the denominator, scale 1/sqrt(D). fast (H % 64 == 0, D == 512): q, keys and
 // probabilities rounded to bf16 on tensor cores, fp32 accumulation (ops_attention_mma.cu);

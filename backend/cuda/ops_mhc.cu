@@ -231,6 +231,9 @@ __global__ void hc_pre_finish_kernel(const float* X, const float* stash, int64_t
   __shared__ float s_pre[kMaxN];
   const int64_t r = blockIdx.x;
   const int n_out = (2 + n) * n;
+  // A whole row's mixer (prefill sizes): its streams start their way from DRAM into L2 while the
+  // gates' partials are gathered (the mix needs those first).
+  if (slices == 1 && blockIdx.y == 0) detail::prefetch_l2(X + r * n * d, n * d * static_cast<int64_t>(sizeof(float)));
   gather_mu(stash + r * ld_stash, n_out, ksplit, mu);
   __syncthreads();
   const float rho = rms_factor(mu[n_out], n * d, rms_eps);

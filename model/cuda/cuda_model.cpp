@@ -42,11 +42,12 @@ struct CallBlob {
 
 // Host vectors of the call plans, reused from call to call: fresh ones cost more than the plans
 // themselves (a prefill of 8192 tokens spent ~7 ms of host time before its first kernel, mostly
-// in first touches of new pages).
+// in first touches of new pages). The per-row attention / indexer rows are made on the device
+// from per-segment jobs (cuda::expand_row_plans).
 struct CudaModel::PlanBuffers {
   CallBlob blob;
-  std::vector<cuda::AttnRow> arows;
-  std::vector<cuda::IndexerRow> irows;
+  std::vector<cuda::RowPlanJob> rows;  // every layer's, expanded on the device by the call's first kernel
+  int64_t max_rows = 0;                // the longest job
   std::vector<cuda::PoolJob> cj, ij;
   std::vector<cuda::RingJob> cr, ir, kr;
 };
@@ -204,7 +205,9 @@ struct CudaModel::Rows {
 
 // Per-layer descriptor offsets in the call's blob.
 struct CudaModel::LayerDesc {
-  size_t attn = 0, idx_rows = 0, cmp_jobs = 0, idx_jobs = 0;
+  const cuda::AttnRow* attn = nullptr;  // R rows (expand_row_plans writes them)
+  const cuda::IndexerRow* idx_rows = nullptr;
+  size_t cmp_jobs = 0, idx_jobs = 0;
   int64_t n_cmp = 0, n_idx = 0, max_visible = 0;
   // Ring stores: compressor (a, z per segment), indexer compressor, and the window ring.
   size_t cmp_ring = 0, idx_ring = 0, kv_ring = 0;
@@ -218,6 +221,8 @@ struct CudaModel::Acts {
   float* kv_store;  // the chunk's keys as the sequences store them: kv (fp32) or kv16 (bf16 pairs)
   float* q_attn;    // q as attention reads it: q (fp32) or, with bf16 keys, q16 (bf16 pairs)
   int32_t *sel, *experts;
+  cuda::AttnRow* plan_attn;       // [layers][R]
+  cuda::IndexerRow* plan_index;   // [layers][R]
   const uint8_t* blob = nullptr;
   const int32_t* tok = nullptr;
   const int64_t* pos = nullptr;
@@ -260,6 +265,9 @@ CudaModel::Acts CudaModel::scratch(int64_t R) {
   a.eweights = ws.get<float>("eweights", R * K);
   a.gu = ws.get<float>("gu", R * 2 * I);
   a.hbuf = ws.get<float>("h", R * I);
+  const int64_t layers = std::max<int64_t>(static_cast<int64_t>(dw_.layers.size()), 1);  // (MTP: one)
+  a.plan_attn = ws.get<cuda::AttnRow>("plan_attn", layers * R);
+  a.plan_index = ws.get<cuda::IndexerRow>("plan_index", layers * R);
   return a;
 }
 
@@ -293,31 +301,32 @@ CudaModel::LayerDesc CudaModel::describe_layer(const DeviceLayer& L, size_t li, 
   const int64_t Dk = kv_format_ == cuda::KeyFormat::BF16 ? D / 2 : D;  // float slots per stored key
   LayerDesc ld;
   PlanBuffers& pb = *plans_;
-  std::vector<cuda::AttnRow>& arows = pb.arows;
-  std::vector<cuda::IndexerRow>& irows = pb.irows;
   std::vector<cuda::PoolJob>&cj = pb.cj, &ij = pb.ij;
   std::vector<cuda::RingJob>&cr = pb.cr, &ir = pb.ir, &kr = pb.kr;
   for (auto* v : {&cr, &ir, &kr}) v->clear();
-  arows.clear();
-  irows.clear();
   cj.clear();
   ij.clear();
-  arows.reserve(static_cast<size_t>(rows.R()));
+  const int64_t R = rows.R();
+  cuda::AttnRow* attn = a.plan_attn + static_cast<int64_t>(li) * R;
+  cuda::IndexerRow* index = a.plan_index + static_cast<int64_t>(li) * R;
+  ld.attn = attn;
+  ld.idx_rows = L.kind == AttnKind::CSA ? index : nullptr;
   int64_t max_n = 0;
   for (const CallSegment& sg : rows.segs) {
     const DeviceLayerState& st = sg.seq->layers[li];
-    for (int64_t i = 0; i < sg.n; ++i) {
-      const int64_t r = sg.row0 + i, p = rows.pos[r];
-      cuda::AttnRow ar{p, a.kv_store + sg.row0 * Dk, sg.p0, st.ring, st.entries, 0, nullptr, 0};
-      if (L.kind == AttnKind::HCA) ar.n_entries = (p + 1) / m;
-      if (L.kind == AttnKind::CSA) {
-        ar.sel = a.sel + r * topk;
-        ar.n_sel = topk;
-        irows.push_back(cuda::IndexerRow{st.idx_keys, (p + 1) / m});
-        ld.max_visible = std::max(ld.max_visible, (p + 1) / m);
-      }
-      arows.push_back(ar);
+    // Rows sg.row0 .. + n at positions p0 .. p0 + n - 1.
+    cuda::RowPlanJob job{{sg.p0, a.kv_store + sg.row0 * Dk, sg.p0, st.ring, st.entries, 0, nullptr, 0},
+                         attn + sg.row0, nullptr, nullptr, sg.n, m, 0, L.kind == AttnKind::HCA};
+    if (L.kind == AttnKind::CSA) {
+      job.first.sel = a.sel + sg.row0 * topk;
+      job.first.n_sel = topk;
+      job.sel_stride = topk;
+      job.index = index + sg.row0;
+      job.index_keys = st.idx_keys;
+      ld.max_visible = std::max(ld.max_visible, (sg.p0 + sg.n) / m);  // the last row's
     }
+    pb.rows.push_back(job);
+    pb.max_rows = std::max(pb.max_rows, sg.n);
     max_n = std::max(max_n, sg.n);
     DSV4_CHECK(sg.seq->kv_format() == kv_format_, "forward: a sequence made by a model with another attention key format");
     kr.push_back({a.kv_store + sg.row0 * Dk, sg.p0, sg.n, Dk, st.ring, cfg.sliding_window});
@@ -339,8 +348,6 @@ CudaModel::LayerDesc CudaModel::describe_layer(const DeviceLayer& L, size_t li, 
       ld.idx_ring_rows = std::max(ld.idx_ring_rows, st.idx_rows);
     }
   }
-  ld.attn = blob.add(arows);
-  ld.idx_rows = blob.add(irows);
   ld.cmp_jobs = blob.add(cj);
   ld.idx_jobs = blob.add(ij);
   ld.n_cmp = static_cast<int64_t>(cj.size());
@@ -438,7 +445,7 @@ bool CudaModel::run_layer(const DeviceLayer& L, size_t li, const float* rope, co
     linear_on(is, L.idx_wq_b, qr, R, a.qI);
     cuda::rope(a.qI, R, nI, dI, rope, P, a.pos, false, is);
     mark("indexer wq_b+rope");
-    cuda::indexer_topk(a.qI, a.omega, reinterpret_cast<const cuda::IndexerRow*>(at(ld.idx_rows)), R, nI, dI, topk,
+    cuda::indexer_topk(a.qI, a.omega, ld.idx_rows, R, nI, dI, topk,
                        std::max<int64_t>(ld.max_visible, 1), a.sel, is, precision_ == cuda::Precision::Fast,
                        index_keys_);
     mark("indexer_topk");
@@ -478,7 +485,7 @@ bool CudaModel::run_layer(const DeviceLayer& L, size_t li, const float* rope, co
   cuda::AttnFp8Out o_fp8{nullptr, nullptr, inverse_rope};
   const bool o_fp8_wanted = !exact && fast_->grouped_input_fp8(L.wo_a, G, R, &o_fp8.q, &o_fp8.scales);
   const bool o_quantised = cuda::sparse_attention(
-      a.q_attn, reinterpret_cast<const cuda::AttnRow*>(at(ld.attn)), R, H, D, W, L.sink, o, s,
+      a.q_attn, ld.attn, R, H, D, W, L.sink, o, s,
       precision_ == cuda::Precision::Fast, kv_format_, q_format_, o_fp8_wanted ? &o_fp8 : nullptr);
   mark("sparse_attention");
   if (exact) cuda::rope(o, R, H, D, rope, P, a.pos, true, s);  // fast: inside wo_a's quantisation
@@ -591,9 +598,13 @@ int64_t CudaModel::forward_device(std::span<const DeviceChunk> chunks, bool all_
 
   CallBlob& blob = plans_->blob;  // (the last call synchronised: its upload is done)
   blob.bytes.clear();
+  plans_->rows.clear();
+  plans_->max_rows = 0;
   const size_t off_tok = blob.add(rows.tokens), off_pos = blob.add(rows.pos), off_out = blob.add(rows.out_rows);
   std::vector<LayerDesc> ld;
   for (size_t li = 0; li < dw_.layers.size(); ++li) ld.push_back(describe_layer(dw_.layers[li], li, rows, a, blob));
+  const size_t off_plans = blob.add(plans_->rows);
+  const int64_t n_plans = static_cast<int64_t>(plans_->rows.size()), plan_rows = plans_->max_rows;
   phase("layer plans");
   upload_blob(blob, a);
   phase("upload of the plans");
@@ -604,6 +615,8 @@ int64_t CudaModel::forward_device(std::span<const DeviceChunk> chunks, bool all_
   // The head writes here (a replayed graph does not run the body's host code).
   const float* logits = ws_->get<float>("logits", rows.O() * cfg.vocab_size);
   auto body = [&] {
+    cuda::expand_row_plans(reinterpret_cast<const cuda::RowPlanJob*>(a.blob + off_plans), n_plans, plan_rows,
+                           stream_);
     cuda::embed(dw_.embed, a.tok, R, n, a.X, stream_);
     mark("embed");
     bool projected = false;  // by the previous layer's last hc_post, for this layer's first hc_pre
@@ -679,9 +692,14 @@ std::vector<float> CudaModel::mtp_forward(std::span<const DeviceMtpChunk> chunks
 
   CallBlob& blob = plans_->blob;  // (the last call synchronised: its upload is done)
   blob.bytes.clear();
+  plans_->rows.clear();
+  plans_->max_rows = 0;
   const size_t off_tok = blob.add(rows.tokens), off_pos = blob.add(rows.pos), off_out = blob.add(rows.out_rows);
   const LayerDesc ld = describe_layer(M.block, 0, rows, a, blob);
+  const size_t off_plans = blob.add(plans_->rows);
   upload_blob(blob, a);
+  cuda::expand_row_plans(reinterpret_cast<const cuda::RowPlanJob*>(a.blob + off_plans),
+                         static_cast<int64_t>(plans_->rows.size()), plans_->max_rows, stream_);
   a.tok = reinterpret_cast<const int32_t*>(a.blob + off_tok);
   a.pos = reinterpret_cast<const int64_t*>(a.blob + off_pos);
   a.out = reinterpret_cast<const int64_t*>(a.blob + off_out);

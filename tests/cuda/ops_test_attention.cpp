@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <string>
+#include <vector>
 
 #include "backend/cpu/linear.h"
 #include "backend/cuda/act_quant.h"
@@ -93,6 +95,52 @@ void run_case(Kind kind, int64_t R, int64_t p0, int64_t H, int64_t D, int64_t W,
 }
 
 // V4-Flash shapes: H 64, D 512, window 128, top-512 (CSA) / long HCA lists.
+// expand_row_plans: each job's rows are its first row with pos + i, HCA n_entries (pos + 1) /
+// ratio, CSA sel + i stride and the indexer rows {keys, (pos + 1) / ratio}; nothing past n.
+TEST(CudaOpsAttention, RowPlansExpandFromSegments) {
+  DSV4_REQUIRE_GPU();
+  const int64_t n0 = 300, n1 = 7, topk = 16;
+  DeviceBuffer attn = poisoned<cuda::AttnRow>(n0 + n1 + 1), index = poisoned<cuda::IndexerRow>(n0 + 1);
+  auto* A = attn.as<cuda::AttnRow>();
+  auto* X = index.as<cuda::IndexerRow>();
+  const auto fake = [](uintptr_t v) { return reinterpret_cast<const float*>(v); };
+  const int32_t* sel0 = reinterpret_cast<const int32_t*>(uintptr_t{0x10000});
+  std::vector<cuda::RowPlanJob> jobs = {
+      {{1000, fake(0x100), 1000, fake(0x200), fake(0x300), 0, sel0, topk}, A, X, fake(0x400), n0, 4, topk, 0},
+      {{5, fake(0x500), 5, fake(0x600), fake(0x700), 0, nullptr, 0}, A + n0, nullptr, nullptr, n1, 128, 0, 1}};
+  DeviceBuffer dj = to_device(jobs);
+  cuda::expand_row_plans(dj.as<cuda::RowPlanJob>(), 2, n0, nullptr);
+  const std::vector<cuda::AttnRow> a = to_host<cuda::AttnRow>(attn, n0 + n1 + 1);
+  const std::vector<cuda::IndexerRow> x = to_host<cuda::IndexerRow>(index, n0 + 1);
+  for (int64_t i = 0; i < n0; ++i) {
+    const int64_t p = 1000 + i;
+    ASSERT_EQ(a[i].pos, p);
+    EXPECT_EQ(a[i].chunk_kv, fake(0x100));
+    EXPECT_EQ(a[i].chunk_p0, 1000);
+    EXPECT_EQ(a[i].ring, fake(0x200));
+    EXPECT_EQ(a[i].entries, fake(0x300));
+    EXPECT_EQ(a[i].n_entries, 0);
+    EXPECT_EQ(a[i].sel, sel0 + i * topk);
+    EXPECT_EQ(a[i].n_sel, topk);
+    EXPECT_EQ(x[i].keys, static_cast<const void*>(fake(0x400)));
+    EXPECT_EQ(x[i].n_visible, (p + 1) / 4);
+  }
+  for (int64_t i = 0; i < n1; ++i) {
+    const cuda::AttnRow& r = a[n0 + i];
+    EXPECT_EQ(r.pos, 5 + i);
+    EXPECT_EQ(r.n_entries, (5 + i + 1) / 128);
+    EXPECT_EQ(r.sel, nullptr);
+    EXPECT_EQ(r.chunk_kv, fake(0x500));
+  }
+  // Past each job: untouched (the poison).
+  EXPECT_EQ(std::memcmp(&a[n0 + n1], to_host<cuda::AttnRow>(poisoned<cuda::AttnRow>(1), 1).data(),
+                        sizeof(cuda::AttnRow)),
+            0);
+  EXPECT_EQ(std::memcmp(&x[n0], to_host<cuda::IndexerRow>(poisoned<cuda::IndexerRow>(1), 1).data(),
+                        sizeof(cuda::IndexerRow)),
+            0);
+}
+
 TEST(CudaOpsAttention, CsaDecodeSplitKeys) {
   DSV4_REQUIRE_GPU();
   run_case(Kind::CSA, 1, 5000, 64, 512, 128, 3000, 512);  // one row: keys split across blocks
