@@ -20,7 +20,9 @@
 // latency; its registers come from the consumers' share by setmaxnreg (the pool is 128 a thread).
 // What bounds it (bench/NOTES.md step 26): the producer's instruction stream (~290 a block a warp
 // at ~4.7 cycles each) with the consumers' wgmma + promotion close behind, and per-CTA prologue and
-// epilogue (~19% of the time) that nothing overlaps. Forms that lost and were removed: clusters
+// epilogue (~19% of the time) that nothing overlaps. Step 28 (run 6) took work out instead: no
+// weight copies or conversion at all saved 23%, no wgmma 14%, so ~77% of the time is the codes'
+// copies, the stage hand-offs and the per-CTA prologue / epilogue. Forms that lost and were removed: clusters
 // sharing the codes by TMA multicast (1.8-2.9x slower, step 25, code at 1c59c9f); copies by warp,
 // per-quad token scales, packed weights in registers, codes copied by the consumers, pieces read a
 // block ahead, consumer ping-pong (step 26, code at e77ecbd).
