@@ -2,6 +2,7 @@
 // ops_mhc_decode.cu (the one-launch decode form): the same functions, so both give the same bits.
 // Only .cu files include this.
 #pragma once
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -162,6 +163,30 @@ __device__ inline float sinkhorn_warp(float m, int n, int iters, float eps) {
   return n == 4 ? sinkhorn_warp_n<4>(m, n, iters, eps) : sinkhorn_warp_n<0>(m, n, iters, eps);
 }
 
+// The streams X as stored: fp32, or bf16 bits (Fast precision past 4 rows keeps them as bf16,
+// as the official keeps its residual). A float4 column of them: float4, or 4 bf16 in a uint2.
+__device__ __forceinline__ const float4* stream4(const float* X) { return reinterpret_cast<const float4*>(X); }
+__device__ __forceinline__ const uint2* stream4(const uint16_t* X) { return reinterpret_cast<const uint2*>(X); }
+__device__ __forceinline__ float4* stream4(float* X) { return reinterpret_cast<float4*>(X); }
+__device__ __forceinline__ uint2* stream4(uint16_t* X) { return reinterpret_cast<uint2*>(X); }
+__device__ __forceinline__ float4 widen4(float4 v) { return v; }
+__device__ __forceinline__ float4 widen4(uint2 v) { return bf16x4_to_float4(v); }
+// v as a stream of type T holds it: itself, or rounded to bf16 (nearest even).
+template <typename T>
+__device__ __forceinline__ float4 as_stored(float4 v) {
+  if constexpr (std::is_same_v<T, float>) {
+    return v;
+  } else {
+    return make_float4(__bfloat162float(__float2bfloat16_rn(v.x)), __bfloat162float(__float2bfloat16_rn(v.y)),
+                       __bfloat162float(__float2bfloat16_rn(v.z)), __bfloat162float(__float2bfloat16_rn(v.w)));
+  }
+}
+__device__ __forceinline__ void put4(float4* p, float4 v) { *p = v; }
+__device__ __forceinline__ void put4(uint2* p, float4 v) {  // v: already as_stored<uint16_t>
+  const __nv_bfloat162 a = __floats2bfloat162_rn(v.x, v.y), b = __floats2bfloat162_rn(v.z, v.w);
+  *p = make_uint2(*reinterpret_cast<const uint32_t*>(&a), *reinterpret_cast<const uint32_t*>(&b));
+}
+
 // Float4 column c of Σ_i coef[i] X[i] (coef in shared memory): the first MAXN streams' loads
 // issued together before the sums (a loop bounded by the runtime n issued them one after
 // another: ncu at 4096 rows, half of the stalls on the load scoreboard), any further ones after
@@ -182,15 +207,15 @@ __device__ __forceinline__ float4 mix_values(const float4 (&x)[MAXN], const floa
   return acc;
 }
 
-template <int MAXN, bool kTail = true, typename N>
-__device__ __forceinline__ float4 mix_column(const float4* X4, const float* coef, N n, int64_t d4, int64_t c) {
+template <int MAXN, bool kTail = true, typename N, typename V>
+__device__ __forceinline__ float4 mix_column(const V* X4, const float* coef, N n, int64_t d4, int64_t c) {
   float4 x[MAXN];
 #pragma unroll
-  for (int i = 0; i < MAXN; ++i) x[i] = i < n ? X4[i * d4 + c] : make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int i = 0; i < MAXN; ++i) x[i] = i < n ? widen4(X4[i * d4 + c]) : make_float4(0.f, 0.f, 0.f, 0.f);
   float4 acc = mix_values<MAXN>(x, coef, n);
   if constexpr (kTail) {
     for (int64_t i = MAXN; i < n; ++i) {  // the head's wider n (hc_head allows up to 24)
-      const float4 xi = X4[i * d4 + c];
+      const float4 xi = widen4(X4[i * d4 + c]);
       const float p = coef[i];
       acc.x += p * xi.x;
       acc.y += p * xi.y;
@@ -323,10 +348,10 @@ __device__ __forceinline__ float4 post_stream(float4 f, float pk, const float* P
 }
 
 // out[c] = mix_column(c) for the float4 columns [c0, c1) of one row.
-template <int MAXN>
-__device__ inline void mix_slice(const float* X, const float* coef, int64_t n, int64_t d, int64_t c0, int64_t c1,
+template <int MAXN, typename XT>
+__device__ inline void mix_slice(const XT* X, const float* coef, int64_t n, int64_t d, int64_t c0, int64_t c1,
                                  float* out) {
-  const float4* X4 = reinterpret_cast<const float4*>(X);
+  const auto* X4 = stream4(X);
   float4* O4 = reinterpret_cast<float4*>(out);
   for (int64_t c = c0 + threadIdx.x; c < c1; c += blockDim.x) O4[c] = mix_column<MAXN>(X4, coef, n, d / 4, c);
 }

@@ -46,6 +46,15 @@ struct HcParams {
   const float* scale;  // [3] or [1]
 };
 
+// How hc_post / hc_post_project keep the streams. Fast precision past 4 rows stores them as bf16
+// (the official keeps its residual in bf16; half the bytes of the mHC ops' largest stream): BF16
+// in place on X16 (bf16 bits, [R, n, d]); F32ToBF16 reads fp32 X and writes X16 (the first
+// sub-layer after the fp32 embedding); F32 in place on X (every other case).
+enum class StreamStore { F32, BF16, F32ToBF16 };
+// Whether the bf16 forms take R rows of n streams of d (hc_post_project's tiled form: past 4
+// rows, n = 4, d % 32 == 0, and the projection in hc_post not switched off).
+bool hc_streams_bf16_ok(int64_t R, int64_t n, int64_t d);
+
 // pre/post [R, n], comb [R, n, n] (Sinkhorn, `iters` rounds), u [R, d] = Σ pre_i X_i, or with
 // norm_w the sub-layer's input norm of it, rms_norm(u, norm_w, norm_eps) (fused at decode sizes).
 // With gates_s (and `projected`, an event): pre / post / comb are written on gates_s, which waits
@@ -53,10 +62,11 @@ struct HcParams {
 // before hc_post, and the Sinkhorn chain is off s's critical path. Same bits either way. At up
 // to 4 rows everything is one launch on s (ops_mhc_decode.cu) and gates_s gets an empty branch.
 // from_post: the stash holds hc_post_project's partials for this X and p (it returned true).
+// X16: the streams are bf16 there (X unused; past 4 rows, from_post only).
 void hc_pre(const HcParams& p, const float* X, int64_t R, int64_t n, int64_t d, int64_t iters, float hc_eps,
             float rms_eps, float* pre, float* post, float* comb, float* u, cudaStream_t s,
             cudaStream_t gates_s = nullptr, cudaEvent_t projected = nullptr, const float* norm_w = nullptr,
-            float norm_eps = 0.f, bool from_post = false);
+            float norm_eps = 0.f, bool from_post = false, const uint16_t* X16 = nullptr);
 // The routed experts' outputs before their weighted sum (MoeRunner::run with `defer`): row r's
 // sum is Σ_k weights[r K + k] Y[r K + k] over k with experts[r K + k] in [0, E), in k order.
 struct RoutedRows {
@@ -71,15 +81,19 @@ struct RoutedRows {
 // routed experts' sum beside the shared expert's output: F + F2 is the sub-layer output), or
 // routed (optional, instead of F2): that sum is made here, the same floats as MoeRunner's
 // combine would have written into F2, without its launch and its [R, d] round trip.
+// store / X16: StreamStore (n <= 4 for the bf16 forms).
 void hc_post(const float* post, const float* comb, const float* F, float* X, int64_t R, int64_t n, int64_t d,
-             cudaStream_t s, const float* F2 = nullptr, const RoutedRows* routed = nullptr);
+             cudaStream_t s, const float* F2 = nullptr, const RoutedRows* routed = nullptr,
+             StreamStore store = StreamStore::F32, uint16_t* X16 = nullptr);
 // hc_post that also does the projection of the new streams for the hc_pre of `next` after it
 // (ops_mhc_post_project.cu up to 4 rows and n <= 4; ops_mhc_post_project_tiled.cu past that, n = 4,
 // d % 32 == 0): call that hc_pre with from_post.
 // false: nothing enqueued (another shape, or DSV4_HC_PROJECT_IN_POST=0): call hc_post instead.
+// With bf16 streams (store, X16; past 4 rows) the projection is of the stored, rounded streams.
 bool hc_post_project(const float* post, const float* comb, const float* F, float* X, int64_t R, int64_t n, int64_t d,
                      const HcParams& next, cudaStream_t s, const float* F2 = nullptr,
-                     const RoutedRows* routed = nullptr);
+                     const RoutedRows* routed = nullptr, StreamStore store = StreamStore::F32,
+                     uint16_t* X16 = nullptr);
 // h [R, d] = Σ_i (σ(scale·μ_i + base_i) + hc_eps) X_i.
 void hc_head(const HcParams& p, const float* X, int64_t R, int64_t n, int64_t d, float hc_eps, float rms_eps, float* h,
              cudaStream_t s);

@@ -195,10 +195,11 @@ __device__ void slice_range(int64_t d, int slices, int64_t& c0, int64_t& c1) {
 // The whole row's mix, then the sub-layer RMS norm of it in place: rms_norm_kernel's loop and
 // sums at 256 threads (same bits as the two launches it replaces); each thread rescales the
 // columns it wrote itself.
-__device__ void mix_norm_row(const float* X, const float* coef, int n, int64_t d, float* out, const float* w,
+template <typename XT>
+__device__ void mix_norm_row(const XT* X, const float* coef, int n, int64_t d, float* out, const float* w,
                              float eps) {
   __shared__ double red[32];
-  const float4* X4 = reinterpret_cast<const float4*>(X);
+  const auto* X4 = mhc::stream4(X);
   float4* O4 = reinterpret_cast<float4*>(out);
   const int64_t d4 = d / 4;
   double ss = 0.0;
@@ -223,7 +224,9 @@ __device__ void mix_norm_row(const float* X, const float* coef, int n, int64_t d
 // Grid (R, slices + 1): blocks y < slices mix their column slice with the pre gates (which need
 // only mu); block y == slices writes pre / post and runs Sinkhorn for comb. norm_w (slices == 1
 // only): the mixing block also applies the sub-layer norm to its row.
-__global__ void hc_pre_finish_kernel(const float* X, const float* stash, int64_t ld_stash, HcParams p, int n, int64_t d,
+// XT: the streams as stored (float, or uint16_t bf16 bits).
+template <typename XT>
+__global__ void hc_pre_finish_kernel(const XT* X, const float* stash, int64_t ld_stash, HcParams p, int n, int64_t d,
                                      int ksplit, int iters, float hc_eps, float rms_eps, int slices, float* pre,
                                      float* post, float* comb, float* u, const float* norm_w = nullptr,
                                      float norm_eps = 0.f) {
@@ -233,7 +236,7 @@ __global__ void hc_pre_finish_kernel(const float* X, const float* stash, int64_t
   const int n_out = (2 + n) * n;
   // A whole row's mixer (prefill sizes): its streams start their way from DRAM into L2 while the
   // gates' partials are gathered (the mix needs those first).
-  if (slices == 1 && blockIdx.y == 0) detail::prefetch_l2(X + r * n * d, n * d * static_cast<int64_t>(sizeof(float)));
+  if (slices == 1 && blockIdx.y == 0) detail::prefetch_l2(X + r * n * d, n * d * static_cast<int64_t>(sizeof(XT)));
   gather_mu(stash + r * ld_stash, n_out, ksplit, mu);
   __syncthreads();
   const float rho = rms_factor(mu[n_out], n * d, rms_eps);
@@ -279,19 +282,24 @@ __global__ void hc_head_finish_kernel(const float* X, const float* stash, int64_
   mix_slice<kMaxN>(X + r * n * d, s_pre, n, d, c0, c1, h + r * d);
 }
 
-template <int MAXN>
+// XIn / XOut: the old / new streams as stored (float, or uint16_t bf16 bits; the same buffer
+// unless fp32 streams become bf16 ones).
+template <int MAXN, typename XIn = float, typename XOut = float>
 __global__ void hc_post_kernel(const float* post, const float* comb, const float* F, const float* F2, RoutedRows rt,
-                               float* X, int n, int64_t d4) {
+                               const XIn* Xin, XOut* Xout, int n, int64_t d4) {
   detail::pdl_trigger();  // the decode hc_pre after it may start its weight prefetch (pdl.cuh)
   const int64_t r = blockIdx.y, c = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
   if (c >= d4) return;
-  float4* X4 = reinterpret_cast<float4*>(X) + r * n * d4;
+  const auto* I4 = mhc::stream4(Xin) + r * n * d4;
+  auto* O4 = mhc::stream4(Xout) + r * n * d4;
   const float4 f = post_input(F, F2, rt, r, d4, c);
   float4 old[MAXN];
 #pragma unroll
   for (int j = 0; j < MAXN; ++j)
-    if (j < n) old[j] = X4[j * d4 + c];
-  for (int k = 0; k < n; ++k) X4[k * d4 + c] = post_stream<MAXN>(f, post[r * n + k], comb + r * n * n, k, n, old);
+    if (j < n) old[j] = mhc::widen4(I4[j * d4 + c]);
+  for (int k = 0; k < n; ++k)
+    mhc::put4(O4 + k * d4 + c,
+              mhc::as_stored<XOut>(post_stream<MAXN>(f, post[r * n + k], comb + r * n * n, k, n, old)));
 }
 
 // The tiled projection over (row block, K slice); slices are whole kTileK columns, as many as
@@ -382,9 +390,10 @@ int mix_slices(int64_t R, int64_t d) {
 
 void hc_pre(const HcParams& p, const float* X, int64_t R, int64_t n, int64_t d, int64_t iters, float hc_eps,
             float rms_eps, float* pre, float* post, float* comb, float* u, cudaStream_t s, cudaStream_t gates_s,
-            cudaEvent_t projected, const float* norm_w, float norm_eps, bool from_post) {
+            cudaEvent_t projected, const float* norm_w, float norm_eps, bool from_post, const uint16_t* X16) {
   DSV4_CHECK(n >= 1 && n <= kMaxN, "cuda::hc_pre: n must be in [1, 4]");
   DSV4_CHECK(!gates_s || projected, "cuda::hc_pre: a gates stream needs its event");
+  DSV4_CHECK(!X16 || (from_post && R > 4), "cuda::hc_pre: bf16 streams only past 4 rows, after hc_post_project");
   if (R == 0) return;
   const int n_out = static_cast<int>((2 + n) * n);
   float* st = stash(R, d);
@@ -416,9 +425,11 @@ void hc_pre(const HcParams& p, const float* X, int64_t R, int64_t n, int64_t d, 
   // One mixing block per row (slices == 1) applies the norm itself; rms_norm_kernel's form (256
   // threads from d = 1024, float4 loads) is what makes the bits the same.
   const auto al = [](const void* q) { return (reinterpret_cast<uintptr_t>(q) & 15) == 0; };
-  const bool norm_inside = norm_w && slices == 1 && d >= 1024 && al(X) && al(u) && al(norm_w);
+  const bool norm_inside =
+      norm_w && slices == 1 && d >= 1024 && al(X16 ? static_cast<const void*>(X16) : X) && al(u) && al(norm_w);
   if (norm_w && !norm_inside) {  // unfused: the mix, then the norm on s (the gates may still run beside it)
-    hc_pre(p, X, R, n, d, iters, hc_eps, rms_eps, pre, post, comb, u, s, gates_s, projected, nullptr, 0.f, from_post);
+    hc_pre(p, X, R, n, d, iters, hc_eps, rms_eps, pre, post, comb, u, s, gates_s, projected, nullptr, 0.f, from_post,
+           X16);
     return rms_norm(u, norm_w, u, R, d, norm_eps, s);
   }
   // From hc_post_project (more than 4 rows): the tiled projection's partials are in the stash.
@@ -427,9 +438,13 @@ void hc_pre(const HcParams& p, const float* X, int64_t R, int64_t n, int64_t d, 
   const unsigned rows = static_cast<unsigned>(R);
   auto finish = [&](dim3 grid, int n_slices, cudaStream_t on) {
     const bool mixing = n_slices > 0;  // the gates-only launch never normalises
-    hc_pre_finish_kernel<<<grid, 256, 0, on>>>(X, st, d, p, static_cast<int>(n), d, ks, static_cast<int>(iters), hc_eps,
-                                               rms_eps, n_slices, pre, post, comb, u,
-                                               mixing && norm_inside ? norm_w : nullptr, norm_eps);
+    const float* nw = mixing && norm_inside ? norm_w : nullptr;
+    if (X16)
+      hc_pre_finish_kernel<<<grid, 256, 0, on>>>(X16, st, d, p, static_cast<int>(n), d, ks, static_cast<int>(iters),
+                                                 hc_eps, rms_eps, n_slices, pre, post, comb, u, nw, norm_eps);
+    else
+      hc_pre_finish_kernel<<<grid, 256, 0, on>>>(X, st, d, p, static_cast<int>(n), d, ks, static_cast<int>(iters),
+                                                 hc_eps, rms_eps, n_slices, pre, post, comb, u, nw, norm_eps);
     DSV4_CUDA_LAUNCH_CHECK();
   };
   if (!gates_s) return finish(dim3(rows, slices + 1), slices, s);
@@ -443,9 +458,10 @@ void hc_pre(const HcParams& p, const float* X, int64_t R, int64_t n, int64_t d, 
 void set_hc_project_tf32(bool on) { g_project_tf32 = on; }
 
 void hc_post(const float* post, const float* comb, const float* F, float* X, int64_t R, int64_t n, int64_t d,
-             cudaStream_t s, const float* F2, const RoutedRows* routed) {
+             cudaStream_t s, const float* F2, const RoutedRows* routed, StreamStore store, uint16_t* X16) {
   DSV4_CHECK(d % 4 == 0 && n >= 1 && n <= 8, "cuda::hc_post: needs d % 4 == 0 and n <= 8");
   DSV4_CHECK(!(F2 && routed), "cuda::hc_post: F2 or the routed rows, not both");
+  DSV4_CHECK(store == StreamStore::F32 || (X16 && n <= 4), "cuda::hc_post: bf16 streams need X16 and n <= 4");
   if (R == 0) return;
   const int64_t d4 = d / 4;
   detail::for_row_ranges(R, [&](int64_t r0, int64_t rows) {
@@ -459,17 +475,33 @@ void hc_post(const float* post, const float* comb, const float* F, float* X, int
       rt.experts += r0 * rt.K;
       rt.weights += r0 * rt.K;
     }
-    auto* kernel = n <= 4 ? hc_post_kernel<4> : hc_post_kernel<8>;
-    kernel<<<grid, 256, 0, s>>>(post + r0 * n, comb + r0 * n * n, F + r0 * d, f2, rt, X + r0 * n * d,
-                                static_cast<int>(n), d4);
+    const float *pr = post + r0 * n, *cb = comb + r0 * n * n, *fr = F + r0 * d;
+    const int64_t x0 = r0 * n * d;
+    const int nn = static_cast<int>(n);
+    if (store == StreamStore::BF16)
+      hc_post_kernel<4, uint16_t, uint16_t><<<grid, 256, 0, s>>>(pr, cb, fr, f2, rt, X16 + x0, X16 + x0, nn, d4);
+    else if (store == StreamStore::F32ToBF16)
+      hc_post_kernel<4, float, uint16_t><<<grid, 256, 0, s>>>(pr, cb, fr, f2, rt, X + x0, X16 + x0, nn, d4);
+    else if (n <= 4)
+      hc_post_kernel<4><<<grid, 256, 0, s>>>(pr, cb, fr, f2, rt, X + x0, X + x0, nn, d4);
+    else
+      hc_post_kernel<8><<<grid, 256, 0, s>>>(pr, cb, fr, f2, rt, X + x0, X + x0, nn, d4);
     DSV4_CUDA_LAUNCH_CHECK();
   });
 }
 
+bool hc_streams_bf16_ok(int64_t R, int64_t n, int64_t d) { return R > 4 && detail::hc_post_project_applies(R, n, d); }
+
 bool hc_post_project(const float* post, const float* comb, const float* F, float* X, int64_t R, int64_t n, int64_t d,
-                     const HcParams& next, cudaStream_t s, const float* F2, const RoutedRows* routed) {
+                     const HcParams& next, cudaStream_t s, const float* F2, const RoutedRows* routed,
+                     StreamStore store, uint16_t* X16) {
   DSV4_CHECK(!(F2 && routed), "cuda::hc_post_project: F2 or the routed rows, not both");
+  DSV4_CHECK(store == StreamStore::F32 || (X16 && R > 4), "cuda::hc_post_project: bf16 streams need X16 and > 4 rows");
   if (R == 0 || !detail::hc_post_project_applies(R, n, d)) return false;
+  if (store != StreamStore::F32) {  // past 4 rows: the tiled form
+    detail::hc_post_project_tiled(post, comb, F, F2, routed, X, R, n, d, next.fn, stash(R, d), s, store, X16);
+    return true;
+  }
   return detail::hc_post_project(post, comb, F, F2, routed, X, R, n, d, next, stash(R, d), s);
 }
 

@@ -34,9 +34,11 @@ bool hc_post_project_applies(int64_t R, int64_t n, int64_t d);
 bool hc_post_project(const float* post, const float* comb, const float* F, const float* F2, const RoutedRows* routed,
                      float* X, int64_t R, int64_t n, int64_t d, const HcParams& next, float* stash, cudaStream_t s);
 int hc_post_project_tiled_slices(int64_t R, int64_t n, int64_t d);  // 0: no tiled form
+// store / X16: the streams' StreamStore (ops.h); the projection is of the streams as stored.
 void hc_post_project_tiled(const float* post, const float* comb, const float* F, const float* F2,
                            const RoutedRows* routed, float* X, int64_t R, int64_t n, int64_t d, const float* fn,
-                           float* stash, cudaStream_t s);
+                           float* stash, cudaStream_t s, StreamStore store = StreamStore::F32,
+                           uint16_t* X16 = nullptr);
 // The hc_pre after the decode form (R <= 4): gates (when `gates`) and u's columns (when `mix`) from those partials.
 void hc_pre_from_post(const HcParams& p, const float* X, int64_t R, int64_t n, int64_t d, int64_t iters, float hc_eps,
                       float rms_eps, const float* norm_w, float norm_eps, float* pre, float* post, float* comb,

@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include "backend/cuda/check.h"
 #include "backend/cuda/cp_async.cuh"
@@ -53,7 +54,8 @@ struct Smem {
 struct Args {
   const float *post, *comb, *F, *F2;
   RoutedRows rt;
-  float* X;
+  const void* Xin;  // the old streams (fp32, or bf16 bits)
+  void* Xout;       // the new ones (Xin itself, except fp32 -> bf16)
   const float* fn;  // [(2+n)n, n d]
   int64_t R, d4, slice4, ld;  // slice4: float4 columns of each stream a block; ld: the stash's row stride
   float* stash;
@@ -63,14 +65,16 @@ struct Args {
 // step ahead, so that they are in flight while the tensor cores run the step before (with the
 // loads and the products of a step in sequence, ~20 KB a block in flight for only part of the
 // time bounded the first form at ~60% of hc_post's bandwidth).
-template <bool kY16>
+// XIn bf16 (uint16_t): the old streams held as loaded (4 bf16 a uint2), widened when used.
+template <bool kY16, typename XIn>
 struct StepLoads {
-  float4 old[kN];
+  std::conditional_t<std::is_same_v<XIn, float>, float4, uint2> old[kN];
   mhc::PostLoads<kY16> in;
 };
 
-// kY16: the routed rows are bf16 (RoutedRows::Y16).
-template <bool kY16>
+// kY16: the routed rows are bf16 (RoutedRows::Y16). XIn / XOut: the old / new streams as stored
+// (float, or uint16_t bf16 bits); the tile takes the new streams as stored.
+template <bool kY16, typename XIn = float, typename XOut = float>
 __global__ void __launch_bounds__(kThreads, 2) hc_post_project_tiled_kernel(Args a) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   Smem& S = *reinterpret_cast<Smem*>(smem_raw);
@@ -90,27 +94,32 @@ __global__ void __launch_bounds__(kThreads, 2) hc_post_project_tiled_kernel(Args
   // Every thread of the row reads the mask; one writes the weights.
   const uint32_t valid = live ? mhc::post_row(a.rt, r, cc == 0 ? S.w[row] : nullptr) : 0u;
   const bool has_f2 = a.F2 != nullptr, routed = a.rt.any();
-  float4* X4 = reinterpret_cast<float4*>(a.X) + r * kN * d4;
+  const auto* I4 = mhc::stream4(static_cast<const XIn*>(a.Xin)) + r * kN * d4;
+  auto* O4 = mhc::stream4(static_cast<XOut*>(a.Xout)) + r * kN * d4;
   const int64_t nd = kN * d4 * 4;
   auto column = [&](int t) { return c_begin + int64_t(t) * kCols4 + cc; };
-  auto load = [&](int t, StepLoads<kY16>& l) {
+  auto load = [&](int t, StepLoads<kY16, XIn>& l) {
     if (!live || t >= steps) return;
     const int64_t c = column(t);
 #pragma unroll
-    for (int j = 0; j < kN; ++j) l.old[j] = X4[j * d4 + c];
+    for (int j = 0; j < kN; ++j) l.old[j] = I4[j * d4 + c];
     mhc::post_load(l.in, a.F, a.F2, a.rt, valid, r, d4, c);
   };
   // hc_post's new streams from the loads of step t into X and tile b; fn's columns of the step
   // into the tile by cp.async (one commit group).
-  auto make = [&](int t, int b, const StepLoads<kY16>& l) {
+  auto make = [&](int t, int b, const StepLoads<kY16, XIn>& l) {
     float4 nw[kN];
     if (live) {
       const float4 in = mhc::post_sum(l.in, valid, S.w[row], has_f2, routed);
+      float4 old[kN];
 #pragma unroll
-      for (int k = 0; k < kN; ++k) nw[k] = mhc::post_stream<kN>(in, pk[k], S.comb[row], k, kN, l.old);
+      for (int j = 0; j < kN; ++j) old[j] = mhc::widen4(l.old[j]);
+#pragma unroll
+      for (int k = 0; k < kN; ++k)
+        nw[k] = mhc::as_stored<XOut>(mhc::post_stream<kN>(in, pk[k], S.comb[row], k, kN, old));
       const int64_t c = column(t);
 #pragma unroll
-      for (int k = 0; k < kN; ++k) X4[k * d4 + c] = nw[k];
+      for (int k = 0; k < kN; ++k) mhc::put4(O4 + k * d4 + c, nw[k]);
     } else {
 #pragma unroll
       for (int k = 0; k < kN; ++k) nw[k] = make_float4(0.f, 0.f, 0.f, 0.f);
@@ -128,7 +137,7 @@ __global__ void __launch_bounds__(kThreads, 2) hc_post_project_tiled_kernel(Args
   const int warp = tid >> 5, g = (tid & 31) >> 2, q = tid & 3;
   const int ra = (warp % kRowGroups) * 16 + g, k_part = (warp / kRowGroups) * kPartK;
   float acc[3][4] = {}, ss[2] = {};
-  StepLoads<kY16> l;  // one set of registers: step t's loads are used up before step t + 1's are issued
+  StepLoads<kY16, XIn> l;  // one set of registers: step t's loads are used up before step t + 1's are issued
   __syncthreads();  // comb
   load(0, l);
   for (int t = 0; t < steps; ++t) {
@@ -207,7 +216,8 @@ int hc_post_project_tiled_slices(int64_t R, int64_t n, int64_t d) {
 
 void hc_post_project_tiled(const float* post, const float* comb, const float* F, const float* F2,
                            const RoutedRows* routed, float* X, int64_t R, int64_t n, int64_t d, const float* fn,
-                           float* stash, cudaStream_t s) {
+                           float* stash, cudaStream_t s, StreamStore store, uint16_t* X16) {
+  DSV4_CHECK(store == StreamStore::F32 || X16, "cuda::hc_post_project: bf16 streams need X16");
   const int ks = hc_post_project_tiled_slices(R, n, d);
   DSV4_CHECK(ks > 0, "cuda::hc_post_project: no tiled form for this shape");
   DSV4_CHECK(!routed || routed->K <= mhc::kMaxRoutedK, "cuda::hc_post_project: more than ", mhc::kMaxRoutedK,
@@ -219,7 +229,8 @@ void hc_post_project_tiled(const float* post, const float* comb, const float* F,
   a.F = F;
   a.F2 = F2;
   if (routed) a.rt = *routed;
-  a.X = X;
+  a.Xin = store == StreamStore::BF16 ? static_cast<const void*>(X16) : X;
+  a.Xout = store == StreamStore::F32 ? static_cast<void*>(X) : X16;
   a.fn = fn;
   a.R = R;
   a.d4 = d / 4;
@@ -228,14 +239,22 @@ void hc_post_project_tiled(const float* post, const float* comb, const float* F,
   a.stash = stash;
   const int64_t row_blocks = ceil_div(R, kRows);
   DSV4_CHECK(row_blocks < (int64_t{1} << 31), "cuda::hc_post_project: too many rows");
-  auto* kernel = a.rt.Y16 ? hc_post_project_tiled_kernel<true> : hc_post_project_tiled_kernel<false>;
+  using Kernel = void (*)(Args);
+  // [routed rows bf16][store]
+  static const Kernel kernels[2][3] = {
+      {hc_post_project_tiled_kernel<false>, hc_post_project_tiled_kernel<false, uint16_t, uint16_t>,
+       hc_post_project_tiled_kernel<false, float, uint16_t>},
+      {hc_post_project_tiled_kernel<true>, hc_post_project_tiled_kernel<true, uint16_t, uint16_t>,
+       hc_post_project_tiled_kernel<true, float, uint16_t>}};
   static const bool smem_set = [] {
-    for (auto* k : {hc_post_project_tiled_kernel<true>, hc_post_project_tiled_kernel<false>})
-      DSV4_CUDA_CHECK(
-          cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(sizeof(Smem))));
+    for (const auto& row : kernels)
+      for (Kernel k : row)
+        DSV4_CUDA_CHECK(
+            cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(sizeof(Smem))));
     return true;
   }();
   (void)smem_set;
+  const Kernel kernel = kernels[a.rt.Y16 ? 1 : 0][static_cast<int>(store)];
   kernel<<<dim3(static_cast<unsigned>(row_blocks), static_cast<unsigned>(ks)), kThreads, sizeof(Smem), s>>>(a);
   DSV4_CUDA_LAUNCH_CHECK();
 }

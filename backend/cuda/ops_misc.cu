@@ -14,6 +14,12 @@ __global__ void gather_kernel(const float* src, const int64_t* idx, int64_t widt
   float* d = dst + int64_t(blockIdx.x) * width;
   for (int64_t c = threadIdx.x; c < width; c += blockDim.x) d[c] = s[c];
 }
+// bf16 rows widened (exactly); idx null: row i itself.
+__global__ void gather_widen_kernel(const uint16_t* src, const int64_t* idx, int64_t width, float* dst) {
+  const uint16_t* s = src + (idx ? idx[blockIdx.x] : int64_t(blockIdx.x)) * width;
+  float* d = dst + int64_t(blockIdx.x) * width;
+  for (int64_t c = threadIdx.x; c < width; c += blockDim.x) d[c] = __uint_as_float(uint32_t(s[c]) << 16);
+}
 __global__ void add_row_broadcast_kernel(float* x, const float* b, int64_t copies, int64_t width) {
   const int64_t r = blockIdx.x / copies;
   float* xr = x + int64_t(blockIdx.x) * width;
@@ -33,6 +39,12 @@ void scale_inplace(float* x, int64_t n, float a, cudaStream_t s) {
 void gather_rows(const float* src, const int64_t* idx, int64_t n, int64_t width, float* dst, cudaStream_t s) {
   if (n == 0) return;
   gather_kernel<<<static_cast<unsigned>(n), 256, 0, s>>>(src, idx, width, dst);
+  DSV4_CUDA_LAUNCH_CHECK();
+}
+
+void gather_rows_widen(const uint16_t* src, const int64_t* idx, int64_t n, int64_t width, float* dst, cudaStream_t s) {
+  if (n == 0) return;
+  gather_widen_kernel<<<static_cast<unsigned>(n), 256, 0, s>>>(src, idx, width, dst);
   DSV4_CUDA_LAUNCH_CHECK();
 }
 

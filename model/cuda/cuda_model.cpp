@@ -95,6 +95,8 @@ CudaModel::CudaModel(const ModelWeights& w, cuda::Precision precision)
   combine_in_post_ = !(ch && std::string(ch) == "0");
   const char* rg = std::getenv("DSV4_ROUTE_IN_GROUP");
   route_in_group_ = !(rg && std::string(rg) == "0");
+  const char* sb = std::getenv("DSV4_STREAMS_BF16");
+  streams_bf16_ = !(sb && std::string(sb) == "0");
   const char* br = std::getenv("DSV4_BRANCHES");
   branches_on_ = !(br && std::string(br) == "0");
   const char* ik = std::getenv("DSV4_INDEX_KEYS");
@@ -221,6 +223,8 @@ struct CudaModel::Acts {
   float* kv_store;  // the chunk's keys as the sequences store them: kv (fp32) or kv16 (bf16 pairs)
   float* q_attn;    // q as attention reads it: q (fp32) or, with bf16 keys, q16 (bf16 pairs)
   int32_t *sel, *experts;
+  // Fast past 4 rows: the streams as bf16 from the first hc_post on (null: fp32 X throughout).
+  uint16_t* X16 = nullptr;
   cuda::AttnRow* plan_attn;       // [layers][R]
   cuda::IndexerRow* plan_index;   // [layers][R]
   const uint8_t* blob = nullptr;
@@ -398,8 +402,14 @@ bool CudaModel::run_layer(const DeviceLayer& L, size_t li, const float* rope, co
   cudaEvent_t gates_ev = br.fork_event(kGatesSide);
 
   // ---- attention sub-layer
+  // bf16 streams (a.X16): X holds the embedding's fp32 copies until layer 0's first hc_post, which
+  // writes X16; every later op reads and writes X16.
+  const bool s16 = a.X16 != nullptr, fresh = li == 0;
+  const cuda::StreamStore store = !s16 ? cuda::StreamStore::F32
+                                  : fresh ? cuda::StreamStore::F32ToBF16
+                                          : cuda::StreamStore::BF16;
   cuda::hc_pre(L.hc_attn, X, R, n, d, cfg.hc_sinkhorn_iters, hc_eps, eps, a.pre, a.post, a.comb, u, s, gates, gates_ev,
-               L.attn_norm, eps, projected);
+               L.attn_norm, eps, projected, s16 && !fresh ? a.X16 : nullptr);
   mark("hc_pre+norm");
 
   // Compressor, indexer weights, router and head have BF16 weights: fp32 math in exact precision (the
@@ -505,13 +515,15 @@ bool CudaModel::run_layer(const DeviceLayer& L, size_t li, const float* rope, co
   mark("wo_b");
   br.join(kGatesSide);
   // hc_post also projects the new streams for the MoE sub-layer's hc_pre (where the shape allows).
-  const bool ffn_projected = cuda::hc_post_project(a.post, a.comb, F, X, R, n, d, L.hc_ffn, s);
-  if (!ffn_projected) cuda::hc_post(a.post, a.comb, F, X, R, n, d, s);
+  const bool ffn_projected =
+      cuda::hc_post_project(a.post, a.comb, F, X, R, n, d, L.hc_ffn, s, nullptr, nullptr, store, a.X16);
+  if (!ffn_projected) cuda::hc_post(a.post, a.comb, F, X, R, n, d, s, nullptr, nullptr, store, a.X16);
   mark("hc_post");
+  const cuda::StreamStore store_after = s16 ? cuda::StreamStore::BF16 : cuda::StreamStore::F32;
 
   // ---- MoE sub-layer: the shared expert writes F, the routed experts their sum into F2
   cuda::hc_pre(L.hc_ffn, X, R, n, d, cfg.hc_sinkhorn_iters, hc_eps, eps, a.pre, a.post, a.comb, u, s, gates, gates_ev,
-               L.ffn_norm, eps, ffn_projected);
+               L.ffn_norm, eps, ffn_projected, a.X16);
   mark("hc_pre+norm");
   cudaStream_t xs = br.fork(kSharedSide);  // after the kv ring store on this side
   linear_shared_input({{&L.shared_w1, a.gu, 2 * I}, {&L.shared_w3, a.gu + I, 2 * I}}, u, R, d, xs);
@@ -538,8 +550,9 @@ bool CudaModel::run_layer(const DeviceLayer& L, size_t li, const float* rope, co
   // F + the routed sum: the same floats as when the combine added into F.
   const float* F2 = routed.any() ? nullptr : a.F2;
   const cuda::RoutedRows* rt = routed.any() ? &routed : nullptr;
-  const bool next_projected = next && cuda::hc_post_project(a.post, a.comb, F, X, R, n, d, *next, s, F2, rt);
-  if (!next_projected) cuda::hc_post(a.post, a.comb, F, X, R, n, d, s, F2, rt);
+  const bool next_projected =
+      next && cuda::hc_post_project(a.post, a.comb, F, X, R, n, d, *next, s, F2, rt, store_after, a.X16);
+  if (!next_projected) cuda::hc_post(a.post, a.comb, F, X, R, n, d, s, F2, rt, store_after, a.X16);
   mark("hc_post");
   return next_projected;
 }
@@ -554,7 +567,10 @@ const float* CudaModel::head(const cuda::HcParams& hc, const float* norm, const 
   float* Xo = ws_->get<float>("Xo", O * n * d);
   float* hh = ws_->get<float>("hh", O * d);
   float* logits = ws_->get<float>("logits", O * V);
-  cuda::gather_rows(a.X, a.out, O, n * d, Xo, stream_);
+  if (a.X16)
+    cuda::gather_rows_widen(a.X16, a.out, O, n * d, Xo, stream_);
+  else
+    cuda::gather_rows(a.X, a.out, O, n * d, Xo, stream_);
   mark("head gather");
   if (out_streams) {
     out_streams->resize(static_cast<size_t>(O * n * d));
@@ -590,6 +606,9 @@ int64_t CudaModel::forward_device(std::span<const DeviceChunk> chunks, bool all_
   phase("rows");
   const int64_t R = rows.R();
   Acts a = scratch(R);
+  if (streams_bf16_ && precision_ == cuda::Precision::Fast && !dw_.layers.empty() &&
+      cuda::hc_streams_bf16_ok(R, n, d))
+    a.X16 = ws_->get<uint16_t>("X16", R * n * d);
   ws_->get<float>("Xo", rows.O() * n * d);  // size every buffer before poisoning
   ws_->get<float>("hh", rows.O() * d);
   ws_->get<float>("logits", rows.O() * cfg.vocab_size);
@@ -640,6 +659,7 @@ int64_t CudaModel::forward_device(std::span<const DeviceChunk> chunks, bool all_
   phase("wait for the GPU after the last enqueue");
   if (hidden) {  // every row's streams after the last block (the head reads X, never writes it)
     hidden->resize(static_cast<size_t>(R * n * d));
+    if (a.X16) cuda::gather_rows_widen(a.X16, nullptr, R, n * d, a.X, stream_);  // (X is free by now)
     DSV4_CUDA_CHECK(cudaMemcpyAsync(hidden->data(), a.X, hidden->size() * sizeof(float), cudaMemcpyDeviceToHost, stream_));
   }
   DSV4_CUDA_CHECK(cudaStreamSynchronize(stream_));  // also keeps `blob` alive for its async upload

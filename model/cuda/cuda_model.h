@@ -139,6 +139,7 @@ class CudaModel {
   bool branches_on_ = true;
   bool combine_in_post_ = true;
   bool route_in_group_ = true;
+  bool streams_bf16_ = true;  // Fast past 4 rows: the mHC streams as bf16 (DSV4_STREAMS_BF16=0: fp32)
   std::unique_ptr<cuda::MoeRunner> moe_;
   std::unique_ptr<Workspace> ws_;
   std::unique_ptr<PlanBuffers> plans_;

@@ -1,5 +1,6 @@
 // Parity of the CUDA mHC kernels with model/mhc.cpp (hc_pre incl. Sinkhorn, hc_post, hc_head).
 #include <cmath>
+#include <cstring>
 
 #include "backend/cpu/ops.h"
 #include "backend/cuda/ops.h"
@@ -346,6 +347,100 @@ TEST_P(CudaOpsMhc, HcPostProjectThenPreMatchesCpu) {
   const std::vector<float> want16 = to_host<float>(dXg, X.size());
   EXPECT_EQ(to_host<float>(dXe, X.size()), want16) << "projecting hc_post, bf16 rows";
   EXPECT_EQ(to_host<float>(dXf, X.size()), want16) << "hc_post, bf16 rows";
+}
+
+// The bf16 streams (cuda::StreamStore, Fast precision past 4 rows): hc_post's new streams are the
+// fp32 forms' rounded to bf16, bit for bit — from fp32 streams (F32ToBF16, the first sub-layer)
+// and from bf16 ones (BF16, in place) — in the plain and the projecting (tiled) kernel, with F,
+// with F2 and with routed rows; the hc_pre after the projecting one, reading the bf16 streams,
+// matches the CPU's on their widened values (the projection is of the stored streams).
+TEST_P(CudaOpsMhc, Bf16StreamsAreTheRoundedFp32Streams) {
+  DSV4_REQUIRE_GPU();
+  const auto [R, d] = GetParam();
+  const int64_t n = 4, n_out = (2 + n) * n;
+  if (!cuda::hc_streams_bf16_ok(R, n, d)) {
+    EXPECT_TRUE(R <= 4 || d % 32 != 0) << "R " << R << " d " << d << ": expected the bf16 forms";
+    return;
+  }
+  const ModelConfig cfg = hc_config(n, d);
+  const HcWeights w = hc_weights(n_out, n * d, 5);
+  HcMix prev;
+  prev.post = randn(R * n);
+  prev.comb = randn(R * n * n, 0.5f);
+  const std::vector<float> F = randn(R * d), X = randn(R * n * d, 2.0f), gamma = randn(d, 1.0f);
+  const float eps = 1e-6f;
+  DevHc dw(w);
+  DeviceBuffer dppost = to_device(prev.post), dpcomb = to_device(prev.comb), dF = to_device(F), dg = to_device(gamma);
+  const SplitF sp(F);
+  const int K = 3, E = 8;
+  std::vector<int32_t> ex(static_cast<size_t>(R * K));
+  for (size_t i = 0; i < ex.size(); ++i) ex[i] = i % 5 == 4 ? -1 : static_cast<int32_t>(i % E);
+  DeviceBuffer dY = to_device(randn(R * K * d)), dE = to_device(ex), dW = to_device(randn(R * K));
+  const cuda::RoutedRows rt{dY.as<float>(), dE.as<int32_t>(), dW.as<float>(), K, E};
+  // The streams hc_post makes from fp32 streams x (float bits), rounded to bf16.
+  const auto want16 = [&](const std::vector<float>& x, int addends) {
+    DeviceBuffer dx = to_device(x);
+    if (addends == 0) cuda::hc_post(dppost.as<float>(), dpcomb.as<float>(), dF.as<float>(), dx.as<float>(), R, n, d, nullptr);
+    if (addends == 1)
+      cuda::hc_post(dppost.as<float>(), dpcomb.as<float>(), sp.F1.as<float>(), dx.as<float>(), R, n, d, nullptr,
+                    sp.F2.as<float>());
+    if (addends == 2)
+      cuda::hc_post(dppost.as<float>(), dpcomb.as<float>(), dF.as<float>(), dx.as<float>(), R, n, d, nullptr, nullptr,
+                    &rt);
+    return test::bf16_bits(to_host<float>(dx, x.size()));
+  };
+  const auto widen = [](const std::vector<uint16_t>& b) {
+    std::vector<float> f(b.size());
+    for (size_t i = 0; i < b.size(); ++i) {
+      const uint32_t u = static_cast<uint32_t>(b[i]) << 16;
+      std::memcpy(&f[i], &u, sizeof u);
+    }
+    return f;
+  };
+  for (int addends : {0, 1, 2}) {
+    const float* Fa = addends == 1 ? sp.F1.as<float>() : dF.as<float>();
+    const float* F2 = addends == 1 ? sp.F2.as<float>() : nullptr;
+    const cuda::RoutedRows* rr = addends == 2 ? &rt : nullptr;
+    for (const bool project : {true, false}) {
+      // fp32 streams in, bf16 out.
+      DeviceBuffer dX = to_device(X), d16 = poisoned<uint16_t>(X.size());
+      if (project)
+        ASSERT_TRUE(cuda::hc_post_project(dppost.as<float>(), dpcomb.as<float>(), Fa, dX.as<float>(), R, n, d, dw.p,
+                                          nullptr, F2, rr, cuda::StreamStore::F32ToBF16, d16.as<uint16_t>()));
+      else
+        cuda::hc_post(dppost.as<float>(), dpcomb.as<float>(), Fa, dX.as<float>(), R, n, d, nullptr, F2, rr,
+                      cuda::StreamStore::F32ToBF16, d16.as<uint16_t>());
+      const std::vector<uint16_t> first = to_host<uint16_t>(d16, X.size());
+      EXPECT_EQ(first, want16(X, addends)) << "F32ToBF16, project " << project << ", addends " << addends;
+      EXPECT_EQ(to_host<float>(dX, X.size()), X) << "the fp32 streams were written";
+      // bf16 streams in place.
+      if (project)
+        ASSERT_TRUE(cuda::hc_post_project(dppost.as<float>(), dpcomb.as<float>(), Fa, nullptr, R, n, d, dw.p, nullptr,
+                                          F2, rr, cuda::StreamStore::BF16, d16.as<uint16_t>()));
+      else
+        cuda::hc_post(dppost.as<float>(), dpcomb.as<float>(), Fa, nullptr, R, n, d, nullptr, F2, rr,
+                      cuda::StreamStore::BF16, d16.as<uint16_t>());
+      const std::vector<uint16_t> second = to_host<uint16_t>(d16, X.size());
+      EXPECT_EQ(second, want16(widen(first), addends)) << "BF16, project " << project << ", addends " << addends;
+      if (!project || addends != 0) continue;
+      // The hc_pre after it, on the bf16 streams, against the CPU on their values.
+      const std::vector<float> xw = widen(second);
+      std::vector<float> u(R * d), un(R * d);
+      HcMix mix;
+      hc_pre(w, cfg, xw.data(), R, mix, u.data());
+      cpu::rms_norm(u.data(), gamma.data(), un.data(), R, d, eps);
+      for (const bool norm : {true, false}) {
+        HcOut one(R, n, d);
+        cuda::hc_pre(dw.p, nullptr, R, n, d, cfg.hc_sinkhorn_iters, 1e-6f, eps, one.pre.as<float>(),
+                     one.post.as<float>(), one.comb.as<float>(), one.u.as<float>(), nullptr, nullptr, nullptr,
+                     norm ? dg.as<float>() : nullptr, eps, /*from_post=*/true, d16.as<uint16_t>());
+        EXPECT_LE(rel_error(to_host<float>(one.pre, R * n), mix.pre), 1e-5) << "norm " << norm;
+        EXPECT_LE(rel_error(to_host<float>(one.post, R * n), mix.post), 1e-5) << "norm " << norm;
+        EXPECT_LE(rel_error(to_host<float>(one.comb, R * n * n), mix.comb), 1e-5) << "norm " << norm;
+        EXPECT_LE(rel_error(to_host<float>(one.u, R * d), norm ? un : u), 1e-5) << "norm " << norm;
+      }
+    }
+  }
 }
 
 TEST_P(CudaOpsMhc, HcHeadMatchesCpu) {
