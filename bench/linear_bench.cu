@@ -314,6 +314,7 @@ void bench_moe() {
         tiles.push_back({0, 3, 6, 0, 0, " 128-token fp8 ws consumer-fence tiles"});
         tiles.push_back({0, 3, 7, 0, 0, " 128-token fp8 ws2 tiles"});
         tiles.push_back({0, 3, 8, 0, 0, " 128-token fp8 ws2 consumer-fence tiles"});
+        tiles.push_back({0, 3, 22, 0, 0, " 128-token fp8 ws persistent tiles"});
       }
       const std::vector<Variant> variants = !packed ? std::vector<Variant>{all[0]} : R < 256 ? all : tiles;
       // BENCH_MOE_VARIANT=text: the default and the variants whose tag holds text (e.g. "fp8");

@@ -376,14 +376,20 @@ void combine(const RoutedRows& rows, int64_t R, int64_t d, bool accumulate, floa
   DSV4_CUDA_LAUNCH_CHECK();
 }
 
+int g_persistent_ctas = 0;  // set_moe_persistent_ctas
+
 // One of the FP8 prefill kernels (a set's gate/up or down) over grid_x CTAs per tile, as a
 // programmatic dependent of the launch before.
 template <typename Kernel, typename... Args>
 void launch_fp8_tiles(Kernel kernel, const Fp8TileKernels& k, int64_t grid_x, unsigned max_tiles, cudaStream_t s,
                       Args&&... args) {
   DSV4_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(k.smem)));
-  launch_dependent(kernel, dim3(static_cast<unsigned>(grid_x), max_tiles), dim3(k.threads), k.smem, s,
-                   std::forward<Args>(args)...);
+  // The persistent form: one CTA an SM (or set_moe_persistent_ctas's count), walking the items itself.
+  const int64_t items = grid_x * max_tiles;
+  const dim3 grid = k.persistent ? dim3(static_cast<unsigned>(std::min<int64_t>(
+                                       items, g_persistent_ctas > 0 ? g_persistent_ctas : detail::sm_count())))
+                                 : dim3(static_cast<unsigned>(grid_x), max_tiles);
+  launch_dependent(kernel, grid, dim3(k.threads), k.smem, s, std::forward<Args>(args)...);
 }
 
 int g_wide_mode = 0;  // set_moe_wide_tiles
@@ -394,28 +400,31 @@ const bool g_prefill_fp8 = [] {
   const char* env = std::getenv("DSV4_MOE_PREFILL_FP8");
   return !(env && env[0] == '0');
 }();
-// Which FP8 kernels the by-size rule runs (same bits): the warp-specialised form with one producer
-// warpgroup and the proxy fence in the consumers (moe_wgmma_fp8_ws.cu, form 2: 4-6% faster than
-// the wide kernels at 4096-8192 tokens, bench/NOTES.md step 25); DSV4_MOE_PREFILL_WS=0 the wide
-// kernels (moe_wgmma_fp8_wide.cu), 1-4 another form, as set_moe_wide_tiles(4-8) forces them.
+// Which FP8 kernels the by-size rule runs (same bits): form 2 made persistent (18:
+// moe_wgmma_fp8_persistent.cu, a CTA an SM walking the items; 5-8% faster than form 2 at
+// 4096-8192 tokens, bench/NOTES.md step 29); DSV4_MOE_PREFILL_WS=2 the warp-specialised form with
+// one producer warpgroup and the proxy fence in the consumers (moe_wgmma_fp8_ws.cu, a CTA an
+// item: 4-6% faster than the wide kernels, step 25), 0 the wide kernels (moe_wgmma_fp8_wide.cu),
+// 1-4 another form, as set_moe_wide_tiles(4-8, 22) forces them.
 const int g_prefill_ws = [] {
   const char* env = std::getenv("DSV4_MOE_PREFILL_WS");
-  if (!env) return 2;
+  if (!env) return 18;
   const std::string v = env;
-  // Anything but 0-17 is -1, refused by fp8_tile_kernels when the by-size rule first asks.
-  for (int ws = 0; ws <= 17; ++ws)
+  // Anything but 0-18 is -1, refused by fp8_tile_kernels when the by-size rule first asks.
+  for (int ws = 0; ws <= 18; ++ws)
     if (v == std::to_string(ws)) return ws;
   return -1;
 }();
 
 // ws form 1-4: (producer warpgroups, fence in the consumers) = (1, no), (1, yes), (2, no), (2,
-// yes). Removed after measuring slower (named errors): 5-8, clusters sharing the codes by TMA
+// yes); 18: form 2 persistent. Removed after measuring slower (named errors): 5-8, clusters sharing the codes by TMA
 // multicast (1.8-2.9x, bench/NOTES.md step 25); 9-16, the forms of step 26 (copies by warp, per-quad
 // token scales, packed weights in registers, codes copied by the consumers, pieces read a block
 // ahead, consumer ping-pong, persistent CTAs: 1-37%).
 Fp8TileKernels fp8_tile_kernels(int ws) {
-  DSV4_CHECK(ws >= 0 && ws <= 17, "MoeRunner: DSV4_MOE_PREFILL_WS must be one of 0-4 (the FP8 prefill expert forms; 2 "
-                                  "= the default), not '", std::getenv("DSV4_MOE_PREFILL_WS"), "'");
+  DSV4_CHECK(ws >= 0 && ws <= 18, "MoeRunner: DSV4_MOE_PREFILL_WS must be one of 0-4, 18 (the FP8 prefill expert forms; "
+                                  "18 = the default), not '", std::getenv("DSV4_MOE_PREFILL_WS"), "'");
+  if (ws == 18) return fp8_ws_persistent_kernels();
   DSV4_CHECK(ws <= 4, "MoeRunner: FP8 prefill form ", ws, " (DSV4_MOE_PREFILL_WS / set_moe_wide_tiles(", ws + 4,
              ")) was removed after it measured slower (", ws <= 8 ? "clustered TMA, 1.8-2.9x" : "step 26's forms, 1-37%",
              "; bench/NOTES.md steps 25-26)");
@@ -531,10 +540,16 @@ void set_moe_decode_tile(int tokens) {
   g_decode_tile = tokens;
 }
 
+void set_moe_persistent_ctas(int ctas) {
+  DSV4_CHECK(ctas >= 0, "set_moe_persistent_ctas: 0 (one per SM) or a positive count");
+  g_persistent_ctas = ctas;
+}
+
 void set_moe_wide_tiles(int mode) {
-  DSV4_CHECK(mode >= -1 && mode <= 8,
+  DSV4_CHECK(mode >= -1 && (mode <= 8 || mode == 22),
              "set_moe_wide_tiles: -1 (8-token tiles), 0 (by size), 1 (64-token mma.sync tiles), 2 / 3 (64- / "
-             "128-token wgmma tiles), 4-8 (128-token FP8 wgmma tiles; warp-specialised from 5); modes 9-21 (clustered "
+             "128-token wgmma tiles), 4-8 and 22 (128-token FP8 wgmma tiles; warp-specialised from 5, 22 persistent); "
+             "modes 9-21 (clustered "
              "TMA forms, then step 26's forms) were removed after measuring slower (bench/NOTES.md steps 25-26)");
   g_wide_mode = mode;
 }

@@ -31,14 +31,18 @@ void set_moe_mma_variant(int row_blocks, int ctas_per_sm);
 // always 64 / 128 on bf16 wgmma (moe_wgmma.cu, an error where unavailable), 4 = always 128 on FP8
 // wgmma (moe_wgmma_fp8_wide.cu), 5-8 and 13-14 = the same bits from the warp-specialised kernels
 // (moe_wgmma_fp8_ws.cu: 5 / 6 one producer warpgroup, 7 / 8 two; 6 / 8 with the generic-to-async
-// proxy fence in the consumers; modes 9-21, clusters sharing the codes by TMA and step 26's forms,
-// were removed after measuring slower, bench/NOTES.md steps 25-26). By size: mode 6's kernels
-// (DSV4_MOE_PREFILL_WS=2, the default; 0 = mode 4's, 1-4 = modes 5-8's).
+// proxy fence in the consumers; 22 = 6 persistent: a CTA an SM walks the (tile, slice) items;
+// modes 9-21, clusters sharing the codes by TMA and step 26's forms, were removed after measuring
+// slower, bench/NOTES.md steps 25-26). By size: mode 22's kernels (DSV4_MOE_PREFILL_WS=18, the
+// default; 0 = mode 4's, 1-4 = modes 5-8's).
 // By size, wide tiles run on wgmma where the device (sm_90) and
 // build (arch 90a) have it: 64 tokens on bf16 (same products, fp32 sums in another order), from an
 // average of kMoeWgmma128MinTokens 128 tokens on FP8 (the group scales folded into the e4m3
 // weights, h re-quantised to FP8 as the official W4A8; DSV4_MOE_PREFILL_FP8=0: bf16).
 void set_moe_wide_tiles(int mode);
+// CTAs of the persistent FP8 prefill form (mode 22): 0 = one per SM; tests set a few so that each
+// CTA walks many items.
+void set_moe_persistent_ctas(int ctas);
 bool moe_wgmma_available();
 // The 8-token tiles on packed experts: 0 = the FP8 wgmma kernels (moe_wgmma_decode.cu) where the
 // device (sm_90) and build (arch 90a) have them, else mma.sync; -1 = always mma.sync (moe_mma.cu,

@@ -119,6 +119,7 @@ struct Fp8TileKernels {
   void (*down)(Fp8DownArgs);
   int threads;
   size_t smem;
+  bool persistent = false;  // a CTA an SM walking (tile, slice) items, not a CTA an item
 };
 Fp8TileKernels fp8_wide_kernels();
 // producer_groups: 1 or 2 producer warpgroups (384 / 512 threads); consumer_fence: the consumers
@@ -126,6 +127,10 @@ Fp8TileKernels fp8_wide_kernels();
 // to their wgmmas after their wait, instead of the producers before their arrival (whose fence may
 // also wait on their copies still in flight; bench/NOTES.md step 23).
 Fp8TileKernels fp8_ws_kernels(int producer_groups, bool consumer_fence);
+// One producer warpgroup, fence in the consumers, persistent: a CTA an SM walks the (tile, row
+// slice) items on one ring, the producers running into the next item while the consumers store
+// the last one's outputs through its last stage (moe_wgmma_fp8_ws.cu). Same bits.
+Fp8TileKernels fp8_ws_persistent_kernels();
 // h = silu(min(g, L)) * clamp(v, ±L) (limit <= 0: plain SwiGLU), every expert kernel's epilogue.
 __device__ __forceinline__ float swiglu_clamped(float g, float v, float limit) {
   if (limit > 0.f) {

@@ -25,7 +25,9 @@
 // copies, the stage hand-offs and the per-CTA prologue / epilogue. Forms that lost and were removed: clusters
 // sharing the codes by TMA multicast (1.8-2.9x slower, step 25, code at 1c59c9f); copies by warp,
 // per-quad token scales, packed weights in registers, codes copied by the consumers, pieces read a
-// block ahead, consumer ping-pong (step 26, code at e77ecbd).
+// block ahead, consumer ping-pong (step 26, code at e77ecbd). The by-size default since step 29 is
+// this form made persistent (moe_wgmma_fp8_persistent.cu: the prologue and epilogue overlapped);
+// the stage layout, fold and block product both use are in moe_wgmma_fp8_ws.cuh.
 #include <cuda_runtime.h>
 
 #include <type_traits>
@@ -34,45 +36,14 @@
 #include "backend/cuda/cp_async.cuh"
 #include "backend/cuda/device.h"
 #include "backend/cuda/mbarrier.cuh"
-#include "backend/cuda/moe_fp8_fold.cuh"
-#include "backend/cuda/moe_packed_fragments.cuh"
-#include "backend/cuda/moe_tiles.cuh"
+#include "backend/cuda/moe_wgmma_fp8_ws.cuh"
 #include "backend/cuda/pdl.cuh"
-#include "backend/cuda/wgmma.cuh"
 
 namespace dsv4::cuda::detail {
 namespace {
+using namespace fp8ws;
 
-constexpr int kTok = kMoeFp8WideTokens;    // tile tokens: the widest wgmma N
-constexpr int kSliceRows = kPackTileRows;  // one consumer's weight rows (one packed tile)
-constexpr int kRows = 2 * kSliceRows;      // the CTA's weight rows
-constexpr int kConsumers = 256, kConsumerWarps = kConsumers / 32;
-constexpr int kStages = 5;
-constexpr int kAhead = kStages - 2;  // blocks copied ahead of the one being converted
-constexpr int kExPitch = kTok + 4;   // the epilogue's [row][token] floats
-
-// G producer warpgroups: threads, producers, pieces of a row per producer, and for G = 2 the
-// registers each role takes (setmaxnreg; the two shares sum to the pool of 128 a thread).
-template <int G>
-struct Roles {
-  static constexpr int kProducers = 128 * G, kThreads = kProducers + kConsumers, kPieces = 4 / G;
-  static constexpr int kProducerRegs = 96, kConsumerRegs = 160;
-  static_assert(G == 1 || kProducers * kProducerRegs + kConsumers * kConsumerRegs == 65536,
-                "setmaxnreg shares must fill the CTA's register pool exactly");
-};
-
-// One 128-block: the tile's codes (B: token t's 128 bytes at 128 t, 16-byte chunk c at c ^ (t %
-// 8)), the two slices' folded weights (A: the same swizzle, row r of a slice at 128 r), and what
-// the producers load for them: each row's 64 bytes of packed FP4 (16-byte piece i at i ^ (r / 2 %
-// 4): a warp's reads of its rows spread over the banks), its E8M0 word (one copy per producer of
-// the row), and the tokens' scales.
-struct alignas(1024) Stage {
-  uint8_t act[kTok * 128];
-  uint8_t a[2][kSliceRows * 128];
-  uint8_t w[2][kSliceRows][64];
-  float xs[kTok];
-  uint32_t e[2][kSliceRows][2];
-};
+constexpr int kExPitch = kTok + 4;  // the epilogue's [row][token] floats
 struct Shared {  // after the stages (the epilogue reuses those)
   uint64_t full[kStages], empty[kStages];
   int32_t rows[kTok];
@@ -83,17 +54,6 @@ static_assert(kRows * kExPitch * sizeof(float) <= kStages * sizeof(Stage), "epil
 static_assert(kSmem <= 227 * 1024, "one CTA's shared memory");
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-
-__device__ __forceinline__ int raw_piece(int r, int i) { return 16 * (i ^ ((r >> 1) & 3)); }
-
-template <int R>
-__device__ __forceinline__ void setmaxnreg_inc() {
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(R));
-}
-template <int R>
-__device__ __forceinline__ void setmaxnreg_dec() {
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R));
-}
 
 // What a producer thread copies and converts: its part h of row lr of slice s (pieces h x kPieces
 // on), the activation codes' offsets of its chunks (token row x ld + 16 c), the tile's rows.
@@ -132,66 +92,6 @@ __device__ __forceinline__ void copy_block(Stage& stage, const Producer<N, G>& p
   cp_async_commit();
 }
 
-// k32 step j of this thread's pieces (v[k] = piece h x kPieces + k; word j = group j's values)
-// into the row's A bytes: the even elements of pieces 0-3 are bytes 32j .. 32j + 15 (chunk 2j),
-// the odd ones chunk 2j + 1, piece q at 4q within (the register fragment order of the wide
-// kernel: same k positions, so the same products).
-template <int G>
-__device__ __forceinline__ void fold_step(const uint4 (&v)[Roles<G>::kPieces], int j, uint32_t lo, uint32_t hi,
-                                          uint8_t* dst, int lr, int h) {
-  constexpr int kPieces = Roles<G>::kPieces;
-  uint32_t ev[kPieces], od[kPieces];
-#pragma unroll
-  for (int k = 0; k < kPieces; ++k) e2m1x8_e4m3_folded(word_of(v[k], j), lo, hi, ev[k], od[k]);
-  uint8_t* e = dst + (((2 * j) ^ (lr & 7)) << 4) + 4 * kPieces * h;
-  uint8_t* o = dst + (((2 * j + 1) ^ (lr & 7)) << 4) + 4 * kPieces * h;
-  if constexpr (kPieces == 4) {
-    *reinterpret_cast<uint4*>(e) = make_uint4(ev[0], ev[1], ev[2], ev[3]);
-    *reinterpret_cast<uint4*>(o) = make_uint4(od[0], od[1], od[2], od[3]);
-  } else {
-    *reinterpret_cast<uint2*>(e) = make_uint2(ev[0], ev[1]);
-    *reinterpret_cast<uint2*>(o) = make_uint2(od[0], od[1]);
-  }
-}
-
-template <int G>
-__device__ __forceinline__ void load_pieces(const Stage& st, int s, int lr, int h, uint4 (&v)[Roles<G>::kPieces]) {
-#pragma unroll
-  for (int k = 0; k < Roles<G>::kPieces; ++k)
-    v[k] = *reinterpret_cast<const uint4*>(&st.w[s][lr][raw_piece(lr, h * Roles<G>::kPieces + k)]);
-}
-
-// Rows with a group that needs rounded tables (needs_rounding). Out of line: the common path
-// stays free of calls.
-template <int G>
-__device__ __noinline__ void fold_rounded(const Stage& st, int s, int lr, int h, int base, uint32_t e, uint8_t* dst) {
-  uint4 v[Roles<G>::kPieces];
-  load_pieces<G>(st, s, lr, h, v);
-  for (int j = 0; j < 4; ++j) {
-    uint32_t lo, hi;
-    rounded_tables(static_cast<int>((e >> (8 * j)) & 0xFFu) - base, lo, hi);
-    fold_step<G>(v, j, lo, hi, dst, lr, h);
-  }
-}
-
-// This thread's part of its row of a stage's block, folded into the stage's A operand.
-template <int G>
-__device__ __forceinline__ void fold(Stage& st, int s, int lr, int h, const RowBase& rb) {
-  const uint32_t e = st.e[s][lr][h];
-  uint8_t* dst = st.a[s] + lr * 128;
-  if (__builtin_expect(needs_rounding(rb, e), 0)) {
-    fold_rounded<G>(st, s, lr, h, rb.base, e, dst);
-    return;
-  }
-  uint4 v[Roles<G>::kPieces];
-  load_pieces<G>(st, s, lr, h, v);
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    uint32_t lo, hi;
-    exact_tables(rb, (e >> (8 * j)) & 0xFFu, lo, hi);
-    fold_step<G>(v, j, lo, hi, dst, lr, h);
-  }
-}
 // The producers: every block's copies (kAhead ahead) and this thread's conversion, then the full
 // barrier's arrival. A stage is refilled once both consumers released the block it held. The row's
 // exponent base is found while the first copies are in flight.
@@ -221,22 +121,6 @@ __device__ __forceinline__ void produce(Stage* st, Shared& sh, Producer<N, G>& p
   cp_async_wait<0>();
 }
 
-template <int N>
-__device__ __forceinline__ void block_product(float (&c)[N / 2], const Stage& st, int slice) {
-  wgmma_fence();
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const uint64_t da = wgmma_desc_sw128(st.a[slice] + 32 * j), db = wgmma_desc_sw128(st.act + 32 * j);
-    if constexpr (N == 128)
-      wgmma_m64n128k32_e4m3_ss(c, da, db, j > 0);
-    else
-      wgmma_m64n64k32_e4m3_ss(c, da, db, j > 0);
-  }
-  wgmma_commit();
-  wgmma_wait<0>();
-  wgmma_pin(c);
-}
-
 // A consumer warpgroup: acc = slice · the tile's first N tokens over all blocks, each block's
 // sums promoted with the columns' activation scales.
 template <int N, bool kConsumerFence>
@@ -248,15 +132,12 @@ __device__ __forceinline__ void consume(Stage* st, Shared& sh, int slice, int nk
     const int s = kb % kStages;
     mbar_wait(&sh.full[s], (kb / kStages) & 1);
     if constexpr (kConsumerFence) fence_proxy_async_smem();  // what the producers wrote, to the wgmmas
-    block_product<N>(c, st[s], slice);
+    block_product<N>(c, smem_addr(&st[s]), slice);
     promote<N>(c, st[s].xs, acc);
     __syncwarp();
     if ((threadIdx.x & 31) == 0) mbar_arrive(&sh.empty[s]);
   }
 }
-
-// The consumers' own barrier (the producers may have left).
-__device__ __forceinline__ void consumers_sync() { asm volatile("bar.sync 1, %0;\n" ::"n"(kConsumers) : "memory"); }
 
 // The CTA's 128 rows x N tokens into the epilogue's [row][kExPitch] floats (row 64 s + r: slice
 // s), scaled; in: K. Returns whether this thread stores the epilogue (the consumers: the

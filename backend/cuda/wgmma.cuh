@@ -24,10 +24,13 @@ __device__ __forceinline__ uint64_t wgmma_desc(const void* smem, uint32_t lbo, u
 // (one row's K chunk), 8-row atoms of 1024 bytes at 1024-aligned addresses, 16-byte chunk c of
 // row r stored at chunk c ^ (r % 8); stride offset 1024 between atoms. A K step of b bytes
 // inside the row starts b bytes further (the hardware applies the XOR to the final address).
-__device__ __forceinline__ uint64_t wgmma_desc_sw128(const void* smem) {
-  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+// a: the 32-bit shared address (loops that step stages add offsets to one conversion).
+__device__ __forceinline__ uint64_t wgmma_desc_sw128(uint32_t a) {
   return static_cast<uint64_t>((a >> 4) & 0x3FFFu) | static_cast<uint64_t>(1) << 16 |
          static_cast<uint64_t>(1024 >> 4) << 32 | static_cast<uint64_t>(1) << 62;
+}
+__device__ __forceinline__ uint64_t wgmma_desc_sw128(const void* smem) {
+  return wgmma_desc_sw128(static_cast<uint32_t>(__cvta_generic_to_shared(smem)));
 }
 
 // Descriptor of an MN-major operand (the bf16 B of a product whose K runs down the stored rows:

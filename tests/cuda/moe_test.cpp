@@ -603,6 +603,18 @@ TEST(CudaMoe, Fp8WarpSpecialisedTilesMatchWide) {
   expect_ws_matches_wide({5, 6});
 }
 
+// Mode 6 persistent (mode 22: a CTA an SM walking the items, one ring across them, outputs through
+// the item's last stage): the same bits on every case (rings shorter than the copies' lead
+// included), with a CTA an SM and with 3 and 7 CTAs, each then walking many items of both widths.
+TEST(CudaMoe, Fp8WarpSpecialisedPersistentMatchesWide) {
+  DSV4_REQUIRE_WGMMA_TILES();
+  for (int ctas : {0, 3, 7}) {
+    cuda::set_moe_persistent_ctas(ctas);
+    expect_ws_matches_wide({22});
+  }
+  cuda::set_moe_persistent_ctas(0);
+}
+
 // The by-size rule at prefill sizes (~75 and ~175 tokens an expert) runs a warp-specialised form
 // by default (DSV4_MOE_PREFILL_WS): its outputs are the wide kernels' bit for bit.
 TEST(CudaMoe, BySizePrefillTilesMatchWide) {
