@@ -201,6 +201,34 @@ void bench_hc() {
       report("  (its hc_post_project)", R, "n 4, d 4096", us, (2.0 * R * n * d + R * d + n_out * n * d) * 4,
              2.0 * R * n * d * (n + 1 + n_out));
     }
+    // The streams as bf16 (the Fast model past 4 rows): plain hc_post, and the model's pair, whose
+    // tiled projection reads them in 64-byte row pieces (32 columns a step).
+    if (dsv4::cuda::hc_streams_bf16_ok(R, n, d)) {
+      using dsv4::cuda::StreamStore;
+      DeviceBuffer X16(R * n * d * 2);
+      uint16_t* x16 = X16.as<uint16_t>();
+      hc_post(post.as<float>(), comb.as<float>(), F.as<float>(), X.as<float>(), R, n, d, nullptr, nullptr, nullptr,
+              StreamStore::F32ToBF16, x16);
+      us = median_us([&] {
+        hc_post(post.as<float>(), comb.as<float>(), F.as<float>(), X.as<float>(), R, n, d, nullptr, nullptr, nullptr,
+                StreamStore::BF16, x16);
+      });
+      report("hc_post, bf16 streams", R, "n 4, d 4096", us, 4.0 * R * n * d + 4.0 * R * d, 2.0 * R * n * d * (n + 1));
+      us = median_us([&] {
+        hc_post_project(post.as<float>(), comb.as<float>(), F.as<float>(), X.as<float>(), R, n, d, p, nullptr, nullptr,
+                        nullptr, StreamStore::BF16, x16);
+        hc_pre(p, X.as<float>(), R, n, d, 20, 1e-6f, 1e-6f, pre.as<float>(), post.as<float>(), comb.as<float>(),
+               u.as<float>(), nullptr, nullptr, nullptr, g.as<float>(), 1e-6f, true, x16);
+      });
+      report("hc_post+hc_pre, bf16 streams", R, "n 4, d 4096", us,
+             6.0 * R * n * d + (2.0 * R * d + n_out * n * d + d) * 4, 2.0 * R * n * d * (n_out + 2 + 2 * n));
+      us = median_us([&] {
+        hc_post_project(post.as<float>(), comb.as<float>(), F.as<float>(), X.as<float>(), R, n, d, p, nullptr, nullptr,
+                        nullptr, StreamStore::BF16, x16);
+      });
+      report("  (its hc_post_project)", R, "n 4, d 4096", us, 4.0 * R * n * d + (1.0 * R * d + n_out * n * d) * 4,
+             2.0 * R * n * d * (n + 1 + n_out));
+    }
   }
 }
 
