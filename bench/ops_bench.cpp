@@ -277,6 +277,27 @@ void bench_attention() {
       report(k16 ? "attention fast bf16" : fast ? "attention fast" : "attention exact", R, "H 64 D 512, 128+512 keys",
              us, R * H * D * (kb + 4.0) + key_bytes, 4.0 * R * H * keys * D, fast ? kBf16Flops : kSimtFlops);
     }
+    // q's norm + RoPE (32 pairs) in their own pass over bf16 q, and inside the bf16 kernel instead.
+    const int64_t pairs = 32;
+    std::vector<float> freq(pairs);
+    for (int64_t i = 0; i < pairs; ++i) freq[i] = static_cast<float>(std::pow(10000.0, -2.0 * i / (2 * pairs)));
+    std::vector<int64_t> pos(R);
+    for (int64_t r = 0; r < R; ++r) pos[r] = rows[r].pos;
+    DeviceBuffer dfreq = to_device(freq), dpos = to_device(pos), qn16 = bf16_copy(q, R * H * D);
+    const double norm_us = median_us([&] {
+      rms_norm_rope_bf16(qn16.as<float>(), nullptr, R, H, D, 1e-6f, dfreq.as<float>(), pairs, dpos.as<int64_t>(),
+                         nullptr);
+    });
+    report("q norm+rope bf16 (own pass)", R, "H 64 D 512", norm_us, 4.0 * R * H * D, 0, kBf16Flops);
+    if (!attention_norms_q(H, D, pairs)) continue;
+    const AttnQNorm qn{1e-6f, dfreq.as<float>(), pairs, dpos.as<int64_t>()};
+    const double fused_us = median_us([&] {
+      sparse_attention(q16.as<float>(), drows16.as<AttnRow>(), R, H, D, W, sink.as<float>(), o.as<float>(), nullptr,
+                       true, KeyFormat::BF16, KeyFormat::BF16, nullptr, &qn);
+    });
+    const double key_bytes = prefill ? (R + W + pool) * D * 2.0 : R * (W + n_sel) * D * 2.0;
+    report("attention fast bf16 + q norm", R, "H 64 D 512, 128+512 keys", fused_us,
+           R * H * D * 6.0 + key_bytes, 4.0 * R * H * (W + n_sel) * D, kBf16Flops);
   }
 }
 

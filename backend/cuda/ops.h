@@ -217,9 +217,22 @@ struct AttnFp8Out {
   float* scales = nullptr;
   InverseRope rope{};
 };
+// q_norm: bf16 q as wq_b wrote it, each head's RMS norm (no weight) and the RoPE of its last 2 *
+// pairs channels at pos[r] applied inside the kernel once q is staged — rms_norm_rope_bf16's bits,
+// without q's own pass over memory. Only with bf16 q, where attention_norms_q says the kernel
+// takes it (Fast, bf16 keys).
+struct AttnQNorm {
+  float eps;
+  const float* inv_freq;  // [pairs]
+  int64_t pairs;
+  const int64_t* pos;  // [R]
+};
 bool sparse_attention(const float* q, const AttnRow* rows, int64_t R, int64_t H, int64_t D, int64_t W,
                       const float* sink, float* o, cudaStream_t s, bool fast = false, KeyFormat kv = KeyFormat::F32,
-                      KeyFormat q_format = KeyFormat::F32, const AttnFp8Out* fp8_out = nullptr);
+                      KeyFormat q_format = KeyFormat::F32, const AttnFp8Out* fp8_out = nullptr,
+                      const AttnQNorm* q_norm = nullptr);
+// Whether sparse_attention takes q_norm (Fast, bf16 keys) at this shape.
+bool attention_norms_q(int64_t H, int64_t D, int64_t pairs);
 // Whether sparse_attention takes bf16 keys at this shape (the tensor-core kernel's).
 bool attention_bf16_keys_ok(int64_t H, int64_t D);
 // false: bf16 keys go to the mma.sync kernel even where the wgmma one runs (A/B runs and tests;

@@ -246,10 +246,11 @@ void merge(const float* partial, const float2* ml, int64_t R, int64_t H, int64_t
 }  // namespace
 
 bool attention_bf16_keys_ok(int64_t H, int64_t D) { return H > 0 && detail::attention_mma_ok(H, D); }
+bool attention_norms_q(int64_t H, int64_t D, int64_t pairs) { return H > 0 && detail::attention_norms_q(H, D, pairs); }
 
 bool sparse_attention(const float* q, const AttnRow* rows, int64_t R, int64_t H, int64_t D, int64_t W,
                       const float* sink, float* o, cudaStream_t s, bool fast, KeyFormat kv, KeyFormat q_format,
-                      const AttnFp8Out* fp8_out) {
+                      const AttnFp8Out* fp8_out, const AttnQNorm* q_norm) {
   DSV4_CHECK(D % 4 == 0 && D <= kMaxD, "cuda::sparse_attention: head dim must be a multiple of 4, <= ", kMaxD);
   const bool bf16_keys = kv == KeyFormat::BF16;
   DSV4_CHECK(!bf16_keys || (fast && attention_bf16_keys_ok(H, D)),
@@ -258,6 +259,9 @@ bool sparse_attention(const float* q, const AttnRow* rows, int64_t R, int64_t H,
   const bool bf16_q = q_format == KeyFormat::BF16;
   DSV4_CHECK(!bf16_q || bf16_keys, "cuda::sparse_attention: bf16 q needs bf16 keys (the tensor-core kernels' form)");
   DSV4_CHECK(W >= 1, "cuda::sparse_attention: window must be >= 1");
+  DSV4_CHECK(!q_norm || (fast && bf16_keys && q_format == KeyFormat::BF16 && attention_norms_q(H, D, q_norm->pairs)),
+             "cuda::sparse_attention: q's norm inside attention needs Fast precision, bf16 keys and q, and the "
+             "warpgroup-MMA kernel's shape (attention_norms_q)");
   if (R == 0 || H == 0) return false;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   const int64_t ctas = detail::attention_mma_ok(H, D) ? R * (H / detail::kAttnMmaHeads) : 0;
@@ -270,7 +274,7 @@ bool sparse_attention(const float* q, const AttnRow* rows, int64_t R, int64_t H,
     const int nsplit = static_cast<int>(std::clamp<int64_t>(per_row, 1, ctas == 1 ? kMaxSplitMma : kMaxSplit));
     auto run = [&](int n, float* partial, float2* ml, const AttnFp8Out* f8) {
       if (wgmma)
-        detail::attention_wgmma(q, rows, R, H, W, sink, scale, n, o, partial, ml, s, bf16_q, f8);
+        detail::attention_wgmma(q, rows, R, H, W, sink, scale, n, o, partial, ml, s, bf16_q, f8, q_norm);
       else
         detail::attention_mma(q, rows, R, H, W, sink, scale, n, o, partial, ml, s, bf16_keys, bf16_q);
     };

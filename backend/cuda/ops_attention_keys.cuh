@@ -86,8 +86,10 @@ bool attention_wgmma_ok(int64_t H, int64_t D);
 // f8 (nsplit == 1 and attention_fp8_out_ok only): the FP8 activations of wo_a instead of o
 // (cuda::AttnFp8Out); DSV4_ATTN_FP8_OUT=0 at start-up turns that form off.
 bool attention_fp8_out_ok(int64_t H, const InverseRope& rope);
+// qn: bf16 q not yet normalised, each head's norm and RoPE in the kernel (attention_norms_q only).
+bool attention_norms_q(int64_t H, int64_t D, int64_t pairs);
 void attention_wgmma(const float* q, const AttnRow* rows, int64_t R, int64_t H, int64_t W, const float* sink,
                      float scale, int nsplit, float* o, float* partial, float2* ml, cudaStream_t s, bool bf16_q,
-                     const AttnFp8Out* f8 = nullptr);
+                     const AttnFp8Out* f8 = nullptr, const AttnQNorm* qn = nullptr);
 
 }  // namespace dsv4::cuda::detail

@@ -37,6 +37,7 @@
 #include "backend/cuda/cp_async.cuh"
 #include "backend/cuda/device.h"
 #include "backend/cuda/fp8_quant.cuh"
+#include "backend/cuda/head_norm_rope.cuh"
 #include "backend/cuda/ops_attention_keys.cuh"
 #include "backend/cuda/ops_common.cuh"
 #include "backend/cuda/wgmma.cuh"
@@ -62,19 +63,21 @@ struct alignas(1024) Smem {  // swizzled operands first: their 1024-byte atoms s
   float lsum[2][kH];                // per warpgroup: the heads' probability sums (at the end)
   const float* kp[2][kKeys];        // key rows of this tile and the next (nullptr: masked / past the end)
   uint32_t valid[2][2];             // the same as bits: word w for keys 32w .. 32w + 31
-  float2 rot[kMaxRotPairs];         // FP8 epilogue: (cos, -sin) of the row's rotary pairs
+  float2 rot[kMaxRotPairs];         // FP8 epilogue, q's norm: (cos, -sin) of the row's rotary pairs
 };
 
-// The FP8 epilogue (cuda::AttnFp8Out) of one launch's rows: codes of row r at q + r H D, scales at
-// scales[kb * stride + r] (kb: the 128-channel block of the row), positions pos[r]. q == nullptr:
-// o as fp32.
-struct Fp8Epilogue {
+// What one launch's rows take beside q and the keys: their rotary pairs (positions pos[r],
+// inv_freq) for the FP8 epilogue (cuda::AttnFp8Out: codes of row r at q + r H D, scales at
+// scales[kb * stride + r], kb the 128-channel block of the row; q == nullptr: o as fp32) and for
+// q's norm (cuda::AttnQNorm, eps; the kernel's kNormQ).
+struct RowExtras {
   uint8_t* q = nullptr;
   float* scales = nullptr;
   int64_t stride = 0;
   const float* inv_freq = nullptr;
   const int64_t* pos = nullptr;
   int pairs = 0;
+  float eps = 0.f;
 };
 
 // The output rows are staged over the key tiles and P (contiguous, free after the last P V).
@@ -128,7 +131,7 @@ __device__ __forceinline__ float exp2_approx(float x) {
 // shared memory took ~6 us a CTA of shuffle chains). The same values, rotation, scale and codes
 // as act_quant_fp8_inverse_rope of the fp32 output: its bits.
 constexpr int kCodePitch = kD + 16;  // bytes per staged code row (rows 4 banks apart)
-__device__ __forceinline__ void fp8_epilogue(const float (&acc)[4][32], Smem& S, const Fp8Epilogue& f8,
+__device__ __forceinline__ void fp8_epilogue(const float (&acc)[4][32], Smem& S, const RowExtras& f8,
                                              const float (&m)[2], const float* sink, int64_t r, int64_t H, int64_t h0,
                                              int wg, const int (&hr)[2], int qd) {
   const int tail = kD - 2 * f8.pairs;
@@ -193,12 +196,15 @@ __device__ __forceinline__ void fp8_epilogue(const float (&acc)[4][32], Smem& S,
 }
 
 // kBf16Q: q stored as bf16 (rms_norm_rope's bf16 output), copied by cp.async into the swizzle
-// with the first key tile (no register round trip, half the bytes of fp32 q).
-template <bool kBf16Q>
+// with the first key tile (no register round trip, half the bytes of fp32 q). kNormQ (bf16 q
+// only): q not yet normalised; each head's RMS norm and RoPE applied in the swizzle with
+// rms_norm_rope's arithmetic (head_norm_rope.cuh), so q is read once instead of in its own pass.
+template <bool kBf16Q, bool kNormQ>
 __global__ void __launch_bounds__(kThreads, 1)
     attention_wgmma_kernel(const float* __restrict__ q, const AttnRow* __restrict__ rows, int64_t H, int64_t W,
                            const float* __restrict__ sink, float scale, int nsplit, float* __restrict__ o,
-                           float* __restrict__ partial, float2* __restrict__ ml, Fp8Epilogue f8) {
+                           float* __restrict__ partial, float2* __restrict__ ml, RowExtras f8) {
+  static_assert(kBf16Q || !kNormQ, "q's norm in the kernel takes bf16 q");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(128) unsigned char smem_raw[];
   Smem& S = *reinterpret_cast<Smem*>(align_1024(smem_raw));
@@ -208,7 +214,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // built from it in uniform registers.
   const int tid = threadIdx.x, wg = __shfl_sync(0xFFFFFFFFu, tid >> 7, 0), wq = (tid >> 5) & 3, lane = tid & 31,
             g = lane >> 2, qd = lane & 3;
-  if (f8.q && tid < f8.pairs) {  // act_quant_fp8_inverse_rope's table: the same fp32 angle, cosf, sinf
+  if ((f8.q || kNormQ) && tid < f8.pairs) {  // act_quant_fp8_inverse_rope's table: the same fp32 angle, cosf, sinf
     const float ang = static_cast<float>(f8.pos[r]) * f8.inv_freq[tid];
     S.rot[tid] = make_float2(cosf(ang), -sinf(ang));
   }
@@ -244,15 +250,49 @@ __global__ void __launch_bounds__(kThreads, 1)
           make_uint2(pack_bf16(qv[b].x, qv[b].y), pack_bf16(qv[b].z, qv[b].w));
     }
   };
+  // kNormQ: q's norm + RoPE in place in the swizzle once its copies landed (under the first key
+  // tile's): warp w takes heads 8w .. 8w + 7, a lane the 4-value chunks lane + 32 k of each, as
+  // rms_norm_rope_kernel's lanes (the same summation order).
+  auto norm_q_in_place = [&] {
+    const int warp = tid >> 5;
+    const auto cos_sin = [&](int64_t i) { return make_float2(S.rot[i].x, -S.rot[i].y); };
+#pragma unroll 2
+    for (int b = 0; b < 8; ++b) {
+      const int h = 8 * warp + b;
+      uint2* chunk[kD / 4 / 32];
+      float4 u[kD / 4 / 32];
+      double ss = 0.0;
+#pragma unroll
+      for (int k = 0; k < kD / 4 / 32; ++k) {
+        const int c = lane + 32 * k;
+        chunk[k] = reinterpret_cast<uint2*>(S.q + sw_offset(h, c >> 1, kH) + 8 * (c & 1));
+        u[k] = bf16x4_to_float4(*chunk[k]);
+        ss = add_squares(ss, u[k]);
+      }
+      const float inv = inv_rms(warp_sum(ss), kD, f8.eps);
+#pragma unroll
+      for (int k = 0; k < kD / 4 / 32; ++k) {
+        float v[4];
+        norm_rope4(u[k], make_float4(1.f, 1.f, 1.f, 1.f), inv, lane + 32 * k, kD - 2 * f8.pairs, cos_sin, v);
+        *chunk[k] = make_uint2(pack_bf16(v[0], v[1]), pack_bf16(v[2], v[3]));
+      }
+    }
+  };
   if constexpr (kBf16Q) {
     const uint8_t* q16 = reinterpret_cast<const uint8_t*>(q + (r * H + h0) * (kD / 2));
     constexpr int chunks = kD * 2 / 16;  // per head
     for (int i = tid; i < kH * chunks; i += kThreads)
       cp_async16(S.q + sw_offset(i / chunks, i % chunks, kH), q16 + 16 * i);
+    if constexpr (kNormQ) cp_async_commit();  // Q's own group, ahead of the first tile's
     lookup(0, kb);
-    __syncthreads();
-    if (kb < ke) fetch_tile(S.k[0], S.kp[0], q);  // commits Q's copies too
+    __syncthreads();  // (also the rotary table)
+    if (kb < ke) fetch_tile(S.k[0], S.kp[0], q);  // commits Q's copies too (without kNormQ)
     else cp_async_commit();
+    if constexpr (kNormQ) {
+      cp_async_wait<1>();  // this thread's copies of Q
+      __syncthreads();     // everyone's
+      norm_q_in_place();
+    }
   } else {
     q_load(0);
     lookup(0, kb);
@@ -439,29 +479,45 @@ bool attention_fp8_out_ok(int64_t H, const InverseRope& rope) {
          rope.pairs <= kMaxRotPairs && 2 * rope.pairs <= kD;
 }
 
+bool attention_norms_q(int64_t H, int64_t D, int64_t pairs) {
+  return attention_wgmma_ok(H, D) && D == kD && pairs >= 0 && pairs <= kMaxRotPairs && 2 * pairs <= kD;
+}
+
 void attention_wgmma(const float* q, const AttnRow* rows, int64_t R, int64_t H, int64_t W, const float* sink,
                      float scale, int nsplit, float* o, float* partial, float2* ml, cudaStream_t s, bool bf16_q,
-                     const AttnFp8Out* f8) {
+                     const AttnFp8Out* f8, const AttnQNorm* qn) {
   DSV4_CHECK(attention_wgmma_ok(H, kD), "attention_wgmma: needs H % 64 == 0, D == 512, an sm_90 device and an "
                                         "arch-90a build");
   DSV4_CHECK(!f8 || (nsplit == 1 && attention_fp8_out_ok(H, f8->rope) && f8->q && f8->scales &&
                      reinterpret_cast<uintptr_t>(f8->q) % 16 == 0),
              "attention_wgmma: the FP8 output needs one split, heads of ", kD, " channels with <= ", kMaxRotPairs,
              " rotary pairs and 16-byte aligned codes");
+  DSV4_CHECK(!qn || (bf16_q && attention_norms_q(H, kD, qn->pairs)), "attention_wgmma: q's norm needs bf16 q, heads of ",
+             kD, " channels with <= ", kMaxRotPairs, " rotary pairs");
+  DSV4_CHECK(!f8 || !qn || (f8->rope.inv_freq == qn->inv_freq && f8->rope.pairs == qn->pairs && f8->rope.pos == qn->pos),
+             "attention_wgmma: q's norm and the FP8 output must rotate by the same positions and frequencies");
   const size_t smem = 1024 + sizeof(Smem);  // + the alignment of the swizzle atoms
-  Fp8Epilogue base;
+  RowExtras base;
   if (f8) base = {f8->q, f8->scales, R, f8->rope.inv_freq, f8->rope.pos, static_cast<int>(f8->rope.pairs)};
+  if (qn) {
+    base.inv_freq = qn->inv_freq;
+    base.pos = qn->pos;
+    base.pairs = static_cast<int>(qn->pairs);
+    base.eps = qn->eps;
+  }
   const auto at = [&](int64_t r0) {  // the range's rows: codes, scale columns and positions from r0
-    Fp8Epilogue e = base;
+    RowExtras e = base;
     if (e.q) {
       e.q += r0 * H * kD;
       e.scales += r0;
-      e.pos += r0;
     }
+    if (e.pos) e.pos += r0;
     return e;
   };
-  launch_attention_rows(bf16_q ? attention_wgmma_kernel<true> : attention_wgmma_kernel<false>, kThreads, smem, q,
-                        bf16_q ? kD / 2 : kD, rows, R, H, W, sink, scale, nsplit, o, partial, ml, s, at);
+  const auto kernel = qn ? attention_wgmma_kernel<true, true>
+                         : bf16_q ? attention_wgmma_kernel<true, false> : attention_wgmma_kernel<false, false>;
+  launch_attention_rows(kernel, kThreads, smem, q, bf16_q ? kD / 2 : kD, rows, R, H, W, sink, scale, nsplit, o,
+                        partial, ml, s, at);
 }
 
 }  // namespace dsv4::cuda::detail

@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "backend/cuda/check.h"
+#include "backend/cuda/head_norm_rope.cuh"
 #include "backend/cuda/ops.h"
 #include "backend/cuda/ops_common.cuh"
 
@@ -125,26 +126,20 @@ __global__ void __launch_bounds__(kNormRopeWarps * 32)
     v[k] = c < chunks ? load4(xr, c) : make_float4(0.f, 0.f, 0.f, 0.f);
   }
 #pragma unroll
-  for (int k = 0; k < kCached; ++k)
-    ss += double(v[k].x) * v[k].x + double(v[k].y) * v[k].y + double(v[k].z) * v[k].z + double(v[k].w) * v[k].w;
-  for (int64_t c = lane + 32 * kCached; c < chunks; c += 32) {
-    const float4 u = load4(xr, c);
-    ss += double(u.x) * u.x + double(u.y) * u.y + double(u.z) * u.z + double(u.w) * u.w;
-  }
+  for (int k = 0; k < kCached; ++k) ss = detail::add_squares(ss, v[k]);
+  for (int64_t c = lane + 32 * kCached; c < chunks; c += 32) ss = detail::add_squares(ss, load4(xr, c));
   ss = detail::warp_sum(ss);
-  const float inv = 1.0f / sqrtf(static_cast<float>(ss / len) + eps);
+  const float inv = detail::inv_rms(ss, len, eps);
   const int64_t tail = len - 2 * pairs;
   const float p = static_cast<float>(pos[rh / heads]);
+  const auto cos_sin = [&](int64_t i) {
+    const float ang = p * inv_freq[i];
+    return make_float2(cosf(ang), sinf(ang));
+  };
   const auto write = [&](int64_t c, float4 u) {
     const float4 g = gamma ? reinterpret_cast<const float4*>(gamma)[c] : make_float4(1.f, 1.f, 1.f, 1.f);
-    float o[4] = {g.x * (u.x * inv), g.y * (u.y * inv), g.z * (u.z * inv), g.w * (u.w * inv)};
-    if (4 * c >= tail) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float ang = p * inv_freq[(4 * c - tail) / 2 + h];
-        rope_rotate(o[2 * h], o[2 * h + 1], cosf(ang), sinf(ang));
-      }
-    }
+    float o[4];
+    detail::norm_rope4(u, g, inv, c, tail, cos_sin, o);
     if (bf16_out) {
       __nv_bfloat162* b = reinterpret_cast<__nv_bfloat162*>(bf16_out + rh * len) + 2 * c;
       b[0] = __floats2bfloat162_rn(o[0], o[1]);

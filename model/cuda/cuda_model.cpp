@@ -95,6 +95,8 @@ CudaModel::CudaModel(const ModelWeights& w, cuda::Precision precision)
   combine_in_post_ = !(ch && std::string(ch) == "0");
   const char* rg = std::getenv("DSV4_ROUTE_IN_GROUP");
   route_in_group_ = !(rg && std::string(rg) == "0");
+  const char* nq = std::getenv("DSV4_ATTN_NORM_Q");
+  q_norm_in_attention_ = !(nq && std::string(nq) == "0");
   const char* sb = std::getenv("DSV4_STREAMS_BF16");
   streams_bf16_ = !(sb && std::string(sb) == "0");
   const char* br = std::getenv("DSV4_BRANCHES");
@@ -141,6 +143,7 @@ void CudaModel::set_launch_switch(bool& flag, bool on) {
 void CudaModel::set_branches(bool on) { set_launch_switch(branches_on_, on); }
 void CudaModel::set_combine_in_hc_post(bool on) { set_launch_switch(combine_in_post_, on); }
 void CudaModel::set_route_in_group(bool on) { set_launch_switch(route_in_group_, on); }
+void CudaModel::set_q_norm_in_attention(bool on) { set_launch_switch(q_norm_in_attention_, on); }
 
 void CudaModel::set_graphs(bool on) {
   if (!on) {
@@ -479,11 +482,19 @@ bool CudaModel::run_layer(const DeviceLayer& L, size_t li, const float* rope, co
   else if (!q_bf16)
     linear(L.wq_b, qr, R, q);
   mark("wq_b");
-  if (q_bf16)
-    cuda::rms_norm_rope_bf16(q16, nullptr, R, H, D, eps, rope, P, a.pos, s, a.q_attn == q ? q : nullptr);
-  else
-    cuda::rms_norm_rope(q, nullptr, R, H, D, eps, rope, P, a.pos, s, a.q_attn == q ? nullptr : a.q_attn);
-  mark("q norm+rope");
+  // q's norm + RoPE inside attention where its kernel takes them (bf16 keys) and wq_b wrote bf16
+  // q16 (past the GEMV sizes): q is then read once, with rms_norm_rope's bits. At the GEMV sizes
+  // the own pass stays: there the key splits' CTAs would each normalise the row again (b1 +10-17
+  // µs on an H100, bench/NOTES.md step 30).
+  const bool attn_norms_q = q_bf16 && kv_format_ == cuda::KeyFormat::BF16 && a.q_attn != q && q_norm_in_attention_ &&
+                            cuda::attention_norms_q(H, D, P);
+  if (!attn_norms_q) {
+    if (q_bf16)
+      cuda::rms_norm_rope_bf16(q16, nullptr, R, H, D, eps, rope, P, a.pos, s, a.q_attn == q ? q : nullptr);
+    else
+      cuda::rms_norm_rope(q, nullptr, R, H, D, eps, rope, P, a.pos, s, a.q_attn == q ? nullptr : a.q_attn);
+    mark("q norm+rope");
+  }
   br.join(kCompressorSide);
   if (L.kind == AttnKind::CSA) br.join(kIndexerSide);
   const bool exact = precision_ == cuda::Precision::Exact;
@@ -494,9 +505,10 @@ bool CudaModel::run_layer(const DeviceLayer& L, size_t li, const float* rope, co
   // quantisation in its epilogue: o's fp32 round trip skipped), where both kernels take it.
   cuda::AttnFp8Out o_fp8{nullptr, nullptr, inverse_rope};
   const bool o_fp8_wanted = !exact && fast_->grouped_input_fp8(L.wo_a, G, R, &o_fp8.q, &o_fp8.scales);
+  const cuda::AttnQNorm q_norm{eps, rope, P, a.pos};  // q16 is a.q_attn where it is taken
   const bool o_quantised = cuda::sparse_attention(
-      a.q_attn, ld.attn, R, H, D, W, L.sink, o, s,
-      precision_ == cuda::Precision::Fast, kv_format_, q_format_, o_fp8_wanted ? &o_fp8 : nullptr);
+      a.q_attn, ld.attn, R, H, D, W, L.sink, o, s, precision_ == cuda::Precision::Fast, kv_format_, q_format_,
+      o_fp8_wanted ? &o_fp8 : nullptr, attn_norms_q ? &q_norm : nullptr);
   mark("sparse_attention");
   if (exact) cuda::rope(o, R, H, D, rope, P, a.pos, true, s);  // fast: inside wo_a's quantisation
   // The window ring takes the current keys once attention has read the entries they replace;

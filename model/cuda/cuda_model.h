@@ -95,6 +95,10 @@ class CudaModel {
   // same experts and weights): on by default, off with set_route_in_group(false) or
   // DSV4_ROUTE_IN_GROUP=0.
   void set_route_in_group(bool on);
+  // q's per-head norm + RoPE applied by the attention kernel as it stages q (bf16 keys, where
+  // cuda::attention_norms_q; same bits) instead of in their own pass: on by default, off with
+  // set_q_norm_in_attention(false) or DSV4_ATTN_NORM_Q=0.
+  void set_q_norm_in_attention(bool on);
 
  private:
   struct Workspace;
@@ -139,6 +143,7 @@ class CudaModel {
   bool branches_on_ = true;
   bool combine_in_post_ = true;
   bool route_in_group_ = true;
+  bool q_norm_in_attention_ = true;
   bool streams_bf16_ = true;  // Fast past 4 rows: the mHC streams as bf16 (DSV4_STREAMS_BF16=0: fp32)
   std::unique_ptr<cuda::MoeRunner> moe_;
   std::unique_ptr<Workspace> ws_;

@@ -202,7 +202,8 @@ TEST(CudaPreset, TruncatedPresetKeepsHashLayersItHas) {
 // A Fast model at V4-Flash's attention shape (64 heads of 512: the tensor-core attention) stores
 // its attention keys as bf16; the logits equal, bit for bit, those of the same model keeping
 // fp32 keys (DSV4_KV=f32): a 600-token prefill (HCA and CSA windows close), decode steps, and
-// two sequences at once. Random weights on the device, 4 layers (SWA, SWA, CSA, HCA).
+// two sequences at once. Random weights on the device, 4 layers (SWA, SWA, CSA, HCA). On the
+// warpgroup-MMA kernel, q's norm inside it and in its own pass give the same logits too.
 TEST(CudaKvFormat, FastBf16KeysGiveBitwiseSameLogits) {
   DSV4_REQUIRE_GPU();
   const ModelConfig cfg = preset_config("v4-flash", 4);
@@ -238,9 +239,15 @@ TEST(CudaKvFormat, FastBf16KeysGiveBitwiseSameLogits) {
   cuda::set_attention_wgmma(true);
   ASSERT_EQ(a.size(), b.size());
   EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
-  // On the warpgroup-MMA kernel (sm_90a): the same products summed in another fp32 order.
+  // On the warpgroup-MMA kernel (sm_90a): the same products summed in another fp32 order. (Each
+  // switch below drops the decode graphs, which were captured on the mma.sync kernel.) q's norm
+  // + RoPE in their own pass and inside that kernel: the same logits bit for bit.
+  bf16.set_q_norm_in_attention(false);
+  const std::vector<float> w_own_pass = run(bf16);
+  bf16.set_q_norm_in_attention(true);
   const std::vector<float> w = run(bf16);
   ASSERT_EQ(a.size(), w.size());
+  EXPECT_EQ(std::memcmp(w.data(), w_own_pass.data(), w.size() * sizeof(float)), 0) << "q norm inside attention";
   double num = 0, den = 0;
   for (size_t i = 0; i < a.size(); ++i) {
     num += double(w[i] - a[i]) * (w[i] - a[i]);

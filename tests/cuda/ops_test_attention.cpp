@@ -342,6 +342,94 @@ TEST(CudaOpsAttention, Fp8EpilogueIsTheQuantisedOutput) {
   run_fp8_out_case(Kind::CSA, 2, 600, 64, 700, false);     // key splits: declined, o written
 }
 
+// q's norm inside attention (cuda::AttnQNorm): bf16 q as wq_b's GEMM writes it, normalised and
+// rotated by the kernel once staged, gives the bits of rms_norm_rope_bf16 followed by attention
+// on the normed q: o, and the FP8 epilogue's codes and scales where one split takes it. q itself
+// stays as it was.
+void run_q_norm_case(Kind kind, int64_t R, int64_t p0, int64_t H, int64_t n_entries) {
+  SCOPED_TRACE("q norm R=" + std::to_string(R) + " H=" + std::to_string(H) + " kind=" + std::to_string(int(kind)));
+  const int64_t D = 512, W = 128, n_sel = 512, pairs = 32, cols = H * D;
+  const float eps = 1e-6f;
+  std::vector<float> q = randn(R * H * D);
+  for (int64_t i = 0; i < R * H; ++i)  // heads of different sizes: the norm must do something
+    for (int64_t c = 0; c < D; ++c) q[i * D + c] *= 0.05f + 0.4f * static_cast<float>(i % 13);
+  const std::vector<float> chunk = randn(R * D), ring = randn(W * D),
+                           entries = randn(std::max<int64_t>(n_entries, 1) * D), sink = randn(H);
+  std::vector<int32_t> sel(R * n_sel);
+  for (int64_t i = 0; i < R * n_sel; ++i) sel[i] = (i % 7 == 3) ? -1 : static_cast<int32_t>(test::rng()() % n_entries);
+  std::vector<int64_t> pos(R);
+  for (int64_t i = 0; i < R; ++i) pos[i] = p0 + i;
+  DeviceBuffer dsink = to_device(sink), dsel = to_device(sel), dfreq = to_device(test::inv_freqs(pairs)),
+               dpos = to_device(pos);
+  DeviceBuffer c16 = to_device(bf16_bits(chunk)), r16 = to_device(bf16_bits(ring)), e16 = to_device(bf16_bits(entries));
+  std::vector<cuda::AttnRow> rows;
+  for (int64_t i = 0; i < R; ++i) {
+    cuda::AttnRow a{p0 + i, c16.as<float>(), p0, r16.as<float>(), e16.as<float>(), 0, nullptr, 0};
+    if (kind == Kind::HCA) a.n_entries = std::min<int64_t>(n_entries, 1 + i % n_entries + n_entries / 2);
+    if (kind == Kind::CSA) {
+      a.sel = dsel.as<int32_t>() + i * n_sel;
+      a.n_sel = n_sel;
+    }
+    rows.push_back(a);
+  }
+  DeviceBuffer drows = to_device(rows);
+  ASSERT_TRUE(cuda::attention_norms_q(H, D, pairs));
+  const cuda::AttnQNorm qn{eps, dfreq.as<float>(), pairs, dpos.as<int64_t>()};
+  const cuda::InverseRope rope{dfreq.as<float>(), pairs, dpos.as<int64_t>(), D};
+  {
+    for (const bool fp8 : {false, true}) {
+      SCOPED_TRACE(fp8 ? "fp8 out" : "o");
+      // The reference: the norm's own pass over bf16 q, then attention on it.
+      DeviceBuffer qref = to_device(bf16_bits(q));
+      cuda::rms_norm_rope_bf16(qref.as<float>(), nullptr, R, H, D, eps, dfreq.as<float>(), pairs, dpos.as<int64_t>(),
+                               nullptr);
+      const float* normed = qref.as<float>();
+      DeviceBuffer o_ref = poisoned<float>(R * H * D), c_ref = poisoned<uint8_t>(R * cols),
+                   s_ref = poisoned<float>(R * cols / 128);
+      const cuda::AttnFp8Out out_ref{c_ref.as<uint8_t>(), s_ref.as<float>(), rope};
+      const bool taken_ref = cuda::sparse_attention(normed, drows.as<cuda::AttnRow>(), R, H, D, W, dsink.as<float>(),
+                                                    o_ref.as<float>(), nullptr, true, cuda::KeyFormat::BF16,
+                                                    cuda::KeyFormat::BF16, fp8 ? &out_ref : nullptr);
+      // Fused: q as stored, the norm in the kernel.
+      DeviceBuffer qin = to_device(bf16_bits(q));
+      DeviceBuffer o = poisoned<float>(R * H * D), c = poisoned<uint8_t>(R * cols), sc = poisoned<float>(R * cols / 128);
+      const cuda::AttnFp8Out out{c.as<uint8_t>(), sc.as<float>(), rope};
+      const bool taken = cuda::sparse_attention(qin.as<float>(), drows.as<cuda::AttnRow>(), R, H, D, W,
+                                                dsink.as<float>(), o.as<float>(), nullptr, true, cuda::KeyFormat::BF16,
+                                                cuda::KeyFormat::BF16, fp8 ? &out : nullptr, &qn);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      ASSERT_EQ(taken, taken_ref);
+      if (taken) {
+        EXPECT_EQ(to_host<uint8_t>(c, R * cols), to_host<uint8_t>(c_ref, R * cols)) << "codes";
+        EXPECT_EQ(to_host<float>(sc, R * cols / 128), to_host<float>(s_ref, R * cols / 128)) << "scales";
+      } else {
+        EXPECT_EQ(to_host<float>(o, R * H * D), to_host<float>(o_ref, R * H * D)) << "o";
+      }
+      EXPECT_EQ(to_host<uint16_t>(qin, R * H * D), bf16_bits(q)) << "q changed";
+    }
+  }
+}
+
+TEST(CudaOpsAttention, QNormInsideAttentionIsNormThenAttention) {
+  DSV4_REQUIRE_GPU();
+  if (!cuda::wgmma_available()) GTEST_SKIP() << "the warpgroup-MMA attention kernel is not available here";
+  run_q_norm_case(Kind::CSA, 1, 5000, 64, 3000);    // decode: key splits
+  run_q_norm_case(Kind::SWA, 5, 300, 64, 1);        // a few rows, splits
+  run_q_norm_case(Kind::CSA, 300, 1000, 64, 900);   // one CTA per row (FP8 epilogue)
+  run_q_norm_case(Kind::HCA, 150, 70, 128, 300);    // two head groups
+  EXPECT_FALSE(cuda::attention_norms_q(64, 256, 32));
+  EXPECT_FALSE(cuda::attention_norms_q(64, 512, 300));
+  // Only the bf16-key kernel normalises q, and only bf16 q: a request elsewhere is an error, not
+  // a silent skip.
+  const cuda::AttnQNorm qn{1e-6f, nullptr, 32, nullptr};
+  EXPECT_THROW(cuda::sparse_attention(nullptr, nullptr, 1, 64, 512, 128, nullptr, nullptr, nullptr, true,
+                                      cuda::KeyFormat::F32, cuda::KeyFormat::F32, nullptr, &qn),
+               dsv4::Error);
+  EXPECT_THROW(cuda::sparse_attention(nullptr, nullptr, 1, 64, 512, 128, nullptr, nullptr, nullptr, true,
+                                      cuda::KeyFormat::BF16, cuda::KeyFormat::F32, nullptr, &qn),
+               dsv4::Error);
+}
+
 TEST(CudaOpsAttention, TinyModelShapes) {
   DSV4_REQUIRE_GPU();
   run_case(Kind::CSA, 6, 9, 4, 128, 8, 5, 4);  // H < 8 heads per block, D 128
