@@ -281,33 +281,48 @@ TEST(CudaOpsAttention, Bf16KeysGiveBitwiseSameOutputs) {
                dsv4::Error);
 }
 
+// One call's bf16 keys (chunk, ring, entries), CSA selections (some -1), sinks, positions p0 + i
+// and rotary frequencies, with its rows: V4-Flash's shapes (D 512, window 128, top-512, 32 pairs).
+struct Bf16KeysCall {
+  static constexpr int64_t D = 512, W = 128, n_sel = 512, pairs = 32;
+  DeviceBuffer c16, r16, e16, dsel, dsink, dfreq, dpos, drows;
+  Bf16KeysCall(Kind kind, int64_t R, int64_t p0, int64_t H, int64_t n_entries) {
+    c16 = to_device(bf16_bits(randn(R * D)));
+    r16 = to_device(bf16_bits(randn(W * D)));
+    e16 = to_device(bf16_bits(randn(std::max<int64_t>(n_entries, 1) * D)));
+    std::vector<int32_t> sel(R * n_sel);
+    for (int64_t i = 0; i < R * n_sel; ++i) sel[i] = (i % 7 == 3) ? -1 : static_cast<int32_t>(test::rng()() % n_entries);
+    std::vector<int64_t> pos(R);
+    for (int64_t i = 0; i < R; ++i) pos[i] = p0 + i;
+    dsel = to_device(sel);
+    dsink = to_device(randn(H));
+    dfreq = to_device(test::inv_freqs(pairs));
+    dpos = to_device(pos);
+    std::vector<cuda::AttnRow> rows;
+    for (int64_t i = 0; i < R; ++i) {
+      cuda::AttnRow a{p0 + i, c16.as<float>(), p0, r16.as<float>(), e16.as<float>(), 0, nullptr, 0};
+      if (kind == Kind::HCA) a.n_entries = std::min<int64_t>(n_entries, 1 + i % n_entries + n_entries / 2);
+      if (kind == Kind::CSA) {
+        a.sel = dsel.as<int32_t>() + i * n_sel;
+        a.n_sel = n_sel;
+      }
+      rows.push_back(a);
+    }
+    drows = to_device(rows);
+  }
+  cuda::InverseRope rope() const { return {dfreq.as<float>(), pairs, dpos.as<int64_t>(), D}; }
+};
+
 // The FP8 epilogue (cuda::AttnFp8Out): wo_a's activations written by the attention kernel are
 // act_quant_fp8_inverse_rope's of the fp32 output, codes and scales bit for bit, for fp32 and bf16
 // q. Calls with key splits decline it and write o. want_taken: the warpgroup-MMA kernel runs it.
 void run_fp8_out_case(Kind kind, int64_t R, int64_t p0, int64_t H, int64_t n_entries, bool want_taken) {
   SCOPED_TRACE("fp8 out R=" + std::to_string(R) + " H=" + std::to_string(H) + " kind=" + std::to_string(int(kind)));
-  const int64_t D = 512, W = 128, n_sel = 512, pairs = 32, cols = H * D;
-  const std::vector<float> q = randn(R * H * D), chunk = randn(R * D), ring = randn(W * D),
-                           entries = randn(std::max<int64_t>(n_entries, 1) * D), sink = randn(H);
-  std::vector<int32_t> sel(R * n_sel);
-  for (int64_t i = 0; i < R * n_sel; ++i) sel[i] = (i % 7 == 3) ? -1 : static_cast<int32_t>(test::rng()() % n_entries);
-  const std::vector<float> inv_freq = test::inv_freqs(pairs);
-  std::vector<int64_t> pos(R);
-  for (int64_t i = 0; i < R; ++i) pos[i] = p0 + i;
-  DeviceBuffer dsink = to_device(sink), dsel = to_device(sel), dfreq = to_device(inv_freq), dpos = to_device(pos);
-  DeviceBuffer c16 = to_device(bf16_bits(chunk)), r16 = to_device(bf16_bits(ring)), e16 = to_device(bf16_bits(entries));
-  std::vector<cuda::AttnRow> rows;
-  for (int64_t i = 0; i < R; ++i) {
-    cuda::AttnRow a{p0 + i, c16.as<float>(), p0, r16.as<float>(), e16.as<float>(), 0, nullptr, 0};
-    if (kind == Kind::HCA) a.n_entries = std::min<int64_t>(n_entries, 1 + i % n_entries + n_entries / 2);
-    if (kind == Kind::CSA) {
-      a.sel = dsel.as<int32_t>() + i * n_sel;
-      a.n_sel = n_sel;
-    }
-    rows.push_back(a);
-  }
-  DeviceBuffer drows = to_device(rows);
-  const cuda::InverseRope rope{dfreq.as<float>(), pairs, dpos.as<int64_t>(), D};
+  const Bf16KeysCall call(kind, R, p0, H, n_entries);
+  const int64_t D = call.D, W = call.W, cols = H * D;
+  const std::vector<float> q = randn(R * H * D);
+  const DeviceBuffer &drows = call.drows, &dsink = call.dsink;
+  const cuda::InverseRope rope = call.rope();
   for (const bool bf16_q : {false, true}) {
     DeviceBuffer dq = bf16_q ? to_device(bf16_bits(q)) : to_device(q);
     const cuda::KeyFormat qf = bf16_q ? cuda::KeyFormat::BF16 : cuda::KeyFormat::F32;
@@ -348,65 +363,45 @@ TEST(CudaOpsAttention, Fp8EpilogueIsTheQuantisedOutput) {
 // stays as it was.
 void run_q_norm_case(Kind kind, int64_t R, int64_t p0, int64_t H, int64_t n_entries) {
   SCOPED_TRACE("q norm R=" + std::to_string(R) + " H=" + std::to_string(H) + " kind=" + std::to_string(int(kind)));
-  const int64_t D = 512, W = 128, n_sel = 512, pairs = 32, cols = H * D;
+  const Bf16KeysCall call(kind, R, p0, H, n_entries);
+  const int64_t D = call.D, W = call.W, pairs = call.pairs, cols = H * D;
   const float eps = 1e-6f;
   std::vector<float> q = randn(R * H * D);
   for (int64_t i = 0; i < R * H; ++i)  // heads of different sizes: the norm must do something
     for (int64_t c = 0; c < D; ++c) q[i * D + c] *= 0.05f + 0.4f * static_cast<float>(i % 13);
-  const std::vector<float> chunk = randn(R * D), ring = randn(W * D),
-                           entries = randn(std::max<int64_t>(n_entries, 1) * D), sink = randn(H);
-  std::vector<int32_t> sel(R * n_sel);
-  for (int64_t i = 0; i < R * n_sel; ++i) sel[i] = (i % 7 == 3) ? -1 : static_cast<int32_t>(test::rng()() % n_entries);
-  std::vector<int64_t> pos(R);
-  for (int64_t i = 0; i < R; ++i) pos[i] = p0 + i;
-  DeviceBuffer dsink = to_device(sink), dsel = to_device(sel), dfreq = to_device(test::inv_freqs(pairs)),
-               dpos = to_device(pos);
-  DeviceBuffer c16 = to_device(bf16_bits(chunk)), r16 = to_device(bf16_bits(ring)), e16 = to_device(bf16_bits(entries));
-  std::vector<cuda::AttnRow> rows;
-  for (int64_t i = 0; i < R; ++i) {
-    cuda::AttnRow a{p0 + i, c16.as<float>(), p0, r16.as<float>(), e16.as<float>(), 0, nullptr, 0};
-    if (kind == Kind::HCA) a.n_entries = std::min<int64_t>(n_entries, 1 + i % n_entries + n_entries / 2);
-    if (kind == Kind::CSA) {
-      a.sel = dsel.as<int32_t>() + i * n_sel;
-      a.n_sel = n_sel;
-    }
-    rows.push_back(a);
-  }
-  DeviceBuffer drows = to_device(rows);
+  const DeviceBuffer &drows = call.drows, &dsink = call.dsink, &dfreq = call.dfreq, &dpos = call.dpos;
   ASSERT_TRUE(cuda::attention_norms_q(H, D, pairs));
   const cuda::AttnQNorm qn{eps, dfreq.as<float>(), pairs, dpos.as<int64_t>()};
-  const cuda::InverseRope rope{dfreq.as<float>(), pairs, dpos.as<int64_t>(), D};
-  {
-    for (const bool fp8 : {false, true}) {
-      SCOPED_TRACE(fp8 ? "fp8 out" : "o");
-      // The reference: the norm's own pass over bf16 q, then attention on it.
-      DeviceBuffer qref = to_device(bf16_bits(q));
-      cuda::rms_norm_rope_bf16(qref.as<float>(), nullptr, R, H, D, eps, dfreq.as<float>(), pairs, dpos.as<int64_t>(),
-                               nullptr);
-      const float* normed = qref.as<float>();
-      DeviceBuffer o_ref = poisoned<float>(R * H * D), c_ref = poisoned<uint8_t>(R * cols),
-                   s_ref = poisoned<float>(R * cols / 128);
-      const cuda::AttnFp8Out out_ref{c_ref.as<uint8_t>(), s_ref.as<float>(), rope};
-      const bool taken_ref = cuda::sparse_attention(normed, drows.as<cuda::AttnRow>(), R, H, D, W, dsink.as<float>(),
-                                                    o_ref.as<float>(), nullptr, true, cuda::KeyFormat::BF16,
-                                                    cuda::KeyFormat::BF16, fp8 ? &out_ref : nullptr);
-      // Fused: q as stored, the norm in the kernel.
-      DeviceBuffer qin = to_device(bf16_bits(q));
-      DeviceBuffer o = poisoned<float>(R * H * D), c = poisoned<uint8_t>(R * cols), sc = poisoned<float>(R * cols / 128);
-      const cuda::AttnFp8Out out{c.as<uint8_t>(), sc.as<float>(), rope};
-      const bool taken = cuda::sparse_attention(qin.as<float>(), drows.as<cuda::AttnRow>(), R, H, D, W,
-                                                dsink.as<float>(), o.as<float>(), nullptr, true, cuda::KeyFormat::BF16,
-                                                cuda::KeyFormat::BF16, fp8 ? &out : nullptr, &qn);
-      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-      ASSERT_EQ(taken, taken_ref);
-      if (taken) {
-        EXPECT_EQ(to_host<uint8_t>(c, R * cols), to_host<uint8_t>(c_ref, R * cols)) << "codes";
-        EXPECT_EQ(to_host<float>(sc, R * cols / 128), to_host<float>(s_ref, R * cols / 128)) << "scales";
-      } else {
-        EXPECT_EQ(to_host<float>(o, R * H * D), to_host<float>(o_ref, R * H * D)) << "o";
-      }
-      EXPECT_EQ(to_host<uint16_t>(qin, R * H * D), bf16_bits(q)) << "q changed";
+  const cuda::InverseRope rope = call.rope();
+  for (const bool fp8 : {false, true}) {
+    SCOPED_TRACE(fp8 ? "fp8 out" : "o");
+    // The reference: the norm's own pass over bf16 q, then attention on it.
+    DeviceBuffer qref = to_device(bf16_bits(q));
+    cuda::rms_norm_rope_bf16(qref.as<float>(), nullptr, R, H, D, eps, dfreq.as<float>(), pairs, dpos.as<int64_t>(),
+                             nullptr);
+    const float* normed = qref.as<float>();
+    DeviceBuffer o_ref = poisoned<float>(R * H * D), c_ref = poisoned<uint8_t>(R * cols),
+                 s_ref = poisoned<float>(R * cols / 128);
+    const cuda::AttnFp8Out out_ref{c_ref.as<uint8_t>(), s_ref.as<float>(), rope};
+    const bool taken_ref = cuda::sparse_attention(normed, drows.as<cuda::AttnRow>(), R, H, D, W, dsink.as<float>(),
+                                                  o_ref.as<float>(), nullptr, true, cuda::KeyFormat::BF16,
+                                                  cuda::KeyFormat::BF16, fp8 ? &out_ref : nullptr);
+    // Fused: q as stored, the norm in the kernel.
+    DeviceBuffer qin = to_device(bf16_bits(q));
+    DeviceBuffer o = poisoned<float>(R * H * D), c = poisoned<uint8_t>(R * cols), sc = poisoned<float>(R * cols / 128);
+    const cuda::AttnFp8Out out{c.as<uint8_t>(), sc.as<float>(), rope};
+    const bool taken = cuda::sparse_attention(qin.as<float>(), drows.as<cuda::AttnRow>(), R, H, D, W,
+                                              dsink.as<float>(), o.as<float>(), nullptr, true, cuda::KeyFormat::BF16,
+                                              cuda::KeyFormat::BF16, fp8 ? &out : nullptr, &qn);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    ASSERT_EQ(taken, taken_ref);
+    if (taken) {
+      EXPECT_EQ(to_host<uint8_t>(c, R * cols), to_host<uint8_t>(c_ref, R * cols)) << "codes";
+      EXPECT_EQ(to_host<float>(sc, R * cols / 128), to_host<float>(s_ref, R * cols / 128)) << "scales";
+    } else {
+      EXPECT_EQ(to_host<float>(o, R * H * D), to_host<float>(o_ref, R * H * D)) << "o";
     }
+    EXPECT_EQ(to_host<uint16_t>(qin, R * H * D), bf16_bits(q)) << "q changed";
   }
 }
 
