@@ -39,8 +39,10 @@ class FastLinear {
   void run(const WeightView& w, const float* x, int64_t rows, float* y, int64_t row_begin, int64_t row_end,
            int64_t ldx, int64_t ldy, cudaStream_t s);
   // y_i[r, :] = W_i x[r, :] for several weights on the same x (all rows of each W_i): the same
-  // numbers as one run() per weight, but at decode sizes with FP8 weights the activations are
-  // quantised once for all of them (wq_a / wkv, the shared expert's gate / up).
+  // numbers as one run() per weight, but x is quantised (or rounded to bf16) once for all of them:
+  // at decode sizes with FP8 weights on the tensor-core GEMV (wq_a / wkv, the shared expert's
+  // gate / up), and past them where every weight takes run()'s cuBLASLt path of one kind (FP8
+  // block: those again; dense bf16: the compressors' wkv / wgate).
   struct Output {
     const WeightView* w;
     float* y;

@@ -309,10 +309,19 @@ struct FastLinear::Impl {
 
   bool fp8_gemm(const WeightView& w, const float* x, int64_t rows, float* y, int64_t row_begin, int64_t n,
                 int64_t ldx, int64_t ldy, cudaStream_t s) {
-    const int64_t k = w.in, kb = k / 128, rows_pad = (rows + 3) / 4 * 4;
+    quantise_for_gemm(x, rows, w.in, ldx, s);
+    return fp8_gemm_quantised(w, rows, y, row_begin, n, ldy, s);
+  }
+  // x's rows as fp8_gemm's operand (xq, xs; rows padded to 4).
+  void quantise_for_gemm(const float* x, int64_t rows, int64_t k, int64_t ldx, cudaStream_t s) {
+    const int64_t kb = k / 128, rows_pad = (rows + 3) / 4 * 4;
     grow(xq, static_cast<size_t>(rows_pad * k));
     grow(xs, static_cast<size_t>(rows_pad * kb) * sizeof(float));
     act_quant_fp8(x, rows, k, ldx, rows_pad, xq.as<uint8_t>(), k, xs.as<float>(), s);
+  }
+  bool fp8_gemm_quantised(const WeightView& w, int64_t rows, float* y, int64_t row_begin, int64_t n, int64_t ldy,
+                          cudaStream_t s) {
+    const int64_t k = w.in, rows_pad = (rows + 3) / 4 * 4;
     const float* ws = weight_scales(w, row_begin, n, s);
     const uint8_t* a = w.data + row_begin * k;
     if (with_output(y, rows, rows_pad, n, ldy, s, [&](float* d, int64_t ldd) {
@@ -353,10 +362,18 @@ struct FastLinear::Impl {
 
   bool bf16_gemm(const WeightView& w, const float* x, int64_t rows, float* y, int64_t row_begin, int64_t n,
                  int64_t ldx, int64_t ldy, cudaStream_t s) {
-    const int64_t k = w.in;
+    round_for_bf16_gemm(x, rows, w.in, ldx, s);
+    return bf16_gemm_rounded(w, rows, y, row_begin, n, ldy, s);
+  }
+  // x's rows as bf16_gemm's operand (xq as bf16).
+  void round_for_bf16_gemm(const float* x, int64_t rows, int64_t k, int64_t ldx, cudaStream_t s) {
     grow(xq, static_cast<size_t>(rows * k) * 2);
     to_bf16_kernel<<<blocks256(rows * k), 256, 0, s>>>(x, rows, k, ldx, xq.as<__nv_bfloat16>());
     DSV4_CUDA_LAUNCH_CHECK();
+  }
+  bool bf16_gemm_rounded(const WeightView& w, int64_t rows, float* y, int64_t row_begin, int64_t n, int64_t ldy,
+                         cudaStream_t s) {
+    const int64_t k = w.in;
     const uint8_t* a = w.data + row_begin * k * 2;
     return with_output(y, rows, rows, n, ldy, s, [&](float* d, int64_t ldd) {
       return matmul(plan(kBf16, n, rows, k, ldd), a, xq.get(), d, nullptr, nullptr, s);
@@ -482,7 +499,44 @@ void FastLinear::run_shared_input(std::initializer_list<Output> outs, const floa
     shared = shared && impl_->mma_fp8_fits(*o.w, rows, 0, o.w->out, 1);
   }
   if (!shared) {
-    for (const Output& o : outs) run(*o.w, x, rows, o.y, 0, o.w->out, ldx, o.ldy, s);
+    // Past the GEMV sizes: where every weight takes run()'s cuBLASLt path of one kind (FP8 block,
+    // or dense bf16), x is quantised (or rounded) once for all of them: the same operand bytes as
+    // one run() each, one pass over x instead of one per weight.
+    const auto gemm_kind = [&](const WeightView& w) {
+      if (rows <= gemv_max_rows_ || w.out % 16 != 0 || !aligned16(w.data)) return 0;
+      if (w.format == WeightFormat::FP8Block && w.in % 128 == 0 && fp8_gemm_ <= 0 &&
+          !(mma_gemv_ && impl_->mma_fp8_fits(w, rows, 0, w.out, 1)))
+        return 1;
+      if (w.format != WeightFormat::FP8Block && w.format != WeightFormat::FP4Group32 && w.dtype == DType::BF16 &&
+          w.in % 8 == 0)
+        return 2;
+      return 0;
+    };
+    static const bool share_past_gemv = [] {  // DSV4_SHARED_INPUT_GEMM=0: one pass over x a weight (A/B)
+      const char* e = std::getenv("DSV4_SHARED_INPUT_GEMM");
+      return !(e && e[0] == '0');
+    }();
+    int kind = share_past_gemv ? gemm_kind(*outs.begin()->w) : 0;
+    for (const Output& o : outs) kind = gemm_kind(*o.w) == kind ? kind : 0;
+    if (kind == 0 || outs.size() < 2) {
+      for (const Output& o : outs) run(*o.w, x, rows, o.y, 0, o.w->out, ldx, o.ldy, s);
+      return;
+    }
+    if (kind == 1)
+      impl_->quantise_for_gemm(x, rows, k, ldx, s);
+    else
+      impl_->round_for_bf16_gemm(x, rows, k, ldx, s);
+    for (const Output& o : outs) {
+      const bool done = kind == 1 ? impl_->fp8_gemm_quantised(*o.w, rows, o.y, 0, o.w->out, o.ldy, s)
+                                  : impl_->bf16_gemm_rounded(*o.w, rows, o.y, 0, o.w->out, o.ldy, s);
+      if (!done) {  // run()'s fallback for this weight (cuBLASLt refused the shape)
+        impl_->warn_fallback(kind == 1 ? "FP8" : "bf16", o.w->out, rows, k);
+        if (kind == 1)
+          impl_->exact_on_quantised(*o.w, x, rows, o.y, 0, o.w->out, ldx, o.ldy, s);
+        else
+          linear_exact(*o.w, x, rows, o.y, 0, o.w->out, ldx, o.ldy, s);
+      }
+    }
     return;
   }
   impl_->quantise_for_mma(x, rows, k, ldx, s);

@@ -420,8 +420,9 @@ bool CudaModel::run_layer(const DeviceLayer& L, size_t li, const float* rope, co
   if (L.kind != AttnKind::SWA) {  // reads u; writes the compressed entries attention reads
     cudaStream_t cs = br.fork(kCompressorSide);
     const int64_t width = (L.kind == AttnKind::CSA ? 2 : 1) * D;
-    linear_on(cs, L.compressor.wkv, u, R, a.ca);
-    linear_on(cs, L.compressor.wgate, u, R, a.cz);
+    linear_shared_input(
+        {{&L.compressor.wkv, a.ca, L.compressor.wkv.out}, {&L.compressor.wgate, a.cz, L.compressor.wgate.out}}, u, R, d,
+        cs);
     mark("compressor linears");
     cuda::add_ape(a.cz, a.pos, L.compressor.ape, R, m, width, cs);
     cuda::compressor_pool(reinterpret_cast<const cuda::PoolJob*>(at(ld.cmp_jobs)), ld.n_cmp, m, D,
@@ -433,17 +434,20 @@ bool CudaModel::run_layer(const DeviceLayer& L, size_t li, const float* rope, co
   if (L.kind == AttnKind::CSA) {  // lightning indexer, first the parts that need only u
     is = br.fork(kIndexerSide);
     const int64_t width = 2 * dI;
-    linear_on(is, L.idx_compressor.wkv, u, R, a.ia);
-    linear_on(is, L.idx_compressor.wgate, u, R, a.iz);
-    mark("indexer compressor linears");
+    // The indexer's three linears on u (its compressor's wkv / wgate, weights_proj): one rounding
+    // of u to bf16 for all three past the GEMV sizes.
+    linear_shared_input({{&L.idx_compressor.wkv, a.ia, L.idx_compressor.wkv.out},
+                         {&L.idx_compressor.wgate, a.iz, L.idx_compressor.wgate.out},
+                         {&L.idx_weights_proj, a.omega, L.idx_weights_proj.out}},
+                        u, R, d, is);
+    mark("indexer linears");
     cuda::add_ape(a.iz, a.pos, L.idx_compressor.ape, R, m, width, is);
     cuda::compressor_pool(reinterpret_cast<const cuda::PoolJob*>(at(ld.idx_jobs)), ld.n_idx, m, dI, true,
                           L.idx_compressor.norm, eps, rope, P, is, index_keys_);
     cuda::ring_store_jobs(reinterpret_cast<const cuda::RingJob*>(at(ld.idx_ring)), ld.n_idx_ring, ld.idx_ring_rows, is);
     mark("compressor pool+ring");
-    linear_on(is, L.idx_weights_proj, u, R, a.omega);
     cuda::scale_inplace(a.omega, R * nI, 1.0f / std::sqrt(static_cast<float>(dI)) / std::sqrt(static_cast<float>(nI)), is);
-    mark("indexer weights_proj");
+    mark("indexer weights scale");
   }
   linear_shared_input({{&L.wq_a, qr, L.wq_a.out}, {&L.wkv, kv, L.wkv.out}}, u, R, d);  // one quantisation of u for both
   mark("wq_a+wkv");

@@ -180,14 +180,14 @@ TEST(CudaLinear, Fp8MmaGemvMatchesExactOnQuantised) {
       }
 }
 
-// Several weights on one input (wq_a / wkv): one quantisation for all at decode sizes, the same
-// bits as one run() per weight; at sizes past the tensor-core GEMV it is exactly that loop. Two
-// weights of the same GEMV shape (here at every row count) also share one launch.
+// Several weights on one input (wq_a / wkv; the compressors' bf16 wkv / wgate): one quantisation
+// (or bf16 rounding) for all, at decode sizes on the tensor-core GEMV and past them on cuBLASLt,
+// the same bits as one run() per weight. Two weights of the same GEMV shape also share one launch.
 TEST(CudaLinear, SharedInputMatchesSeparateRuns) {
   DSV4_REQUIRE_GPU();
   cuda::FastLinear fast;
   TestWeight a = make_weight(Kind::FP8, 1024, 512), b = make_weight(Kind::FP8, 512, 512);
-  for (int64_t rows : {1, 5, 20}) {
+  for (int64_t rows : {1, 5, 20, 300}) {
     const int64_t ldx = 512 + 128;
     const std::vector<float> x = randn(static_cast<size_t>(rows * ldx));
     cuda::DeviceBuffer dx = cuda::to_device(x), ya(static_cast<size_t>(rows * 1024) * 4), yb(static_cast<size_t>(rows * 512) * 4);
@@ -200,6 +200,34 @@ TEST(CudaLinear, SharedInputMatchesSeparateRuns) {
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     EXPECT_EQ(cuda::to_host<float>(ya, rows * 1024), cuda::to_host<float>(ra, rows * 1024)) << "rows " << rows;
     EXPECT_EQ(cuda::to_host<float>(yb, rows * 512), cuda::to_host<float>(rb, rows * 512)) << "rows " << rows;
+  }
+}
+
+TEST(CudaLinear, SharedBf16InputMatchesSeparateRuns) {
+  DSV4_REQUIRE_GPU();
+  cuda::FastLinear fast;
+  TestWeight a = make_weight(Kind::BF16, 256, 512), b = make_weight(Kind::BF16, 256, 512),
+             c = make_weight(Kind::BF16, 64, 512);
+  for (int64_t rows : {3, 300}) {
+    const std::vector<float> x = randn(static_cast<size_t>(rows * 512));
+    cuda::DeviceBuffer dx = cuda::to_device(x);
+    std::vector<cuda::DeviceBuffer> shared, separate;  // poisoned outputs
+    for (auto* v : {&shared, &separate})
+      for (int i = 0; i < 3; ++i) {
+        v->emplace_back(static_cast<size_t>(rows * 256) * 4);
+        v->back().fill_bytes(0xFF);
+      }
+    fast.run_shared_input({{&a.dev, shared[0].as<float>(), 256}, {&b.dev, shared[1].as<float>(), 256},
+                           {&c.dev, shared[2].as<float>(), 64}},
+                          dx.as<float>(), rows, 512, nullptr);
+    const TestWeight* ws[3] = {&a, &b, &c};
+    for (int i = 0; i < 3; ++i)
+      fast.run(ws[i]->dev, dx.as<float>(), rows, separate[i].as<float>(), 0, ws[i]->dev.out, 512, ws[i]->dev.out,
+               nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    for (int i = 0; i < 3; ++i)
+      EXPECT_EQ(cuda::to_host<float>(shared[i], rows * ws[i]->dev.out), cuda::to_host<float>(separate[i], rows * ws[i]->dev.out))
+          << "rows " << rows << " weight " << i;
   }
 }
 
