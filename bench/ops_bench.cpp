@@ -233,8 +233,12 @@ void bench_hc() {
 }
 
 // Decode rows are separate sequences (own ring and entry pool); prefill rows share one sequence.
+// BENCH_ATTN_FP8=window / all: only the prefill form's rows (window-only key lists, or both), for
+// an ncu run that wants those launches alone.
 void bench_attention() {
   const int64_t H = 64, D = 512, W = 128, n_sel = 512, pool = 1024;
+  const char* fp8_env = std::getenv("BENCH_ATTN_FP8");
+  const std::string fp8_only = fp8_env ? fp8_env : "";
   for (int64_t R : kRows) {
     const bool prefill = R == 4096;
     const int64_t seqs = prefill ? 1 : R;
@@ -265,7 +269,7 @@ void bench_attention() {
     }
     DeviceBuffer drows16 = to_device(rows16), q16 = bf16_copy(q, R * H * D);
     // fp32 (Exact), bf16 tensor cores (Fast), and on bf16 keys and q (a Fast model's form).
-    for (int variant = 0; variant < 3; ++variant) {
+    for (int variant = 0; variant < (fp8_only.empty() ? 3 : 0); ++variant) {
       const bool fast = variant > 0, k16 = variant == 2;
       const KeyFormat f = k16 ? KeyFormat::BF16 : KeyFormat::F32;
       const double us = median_us([&] {
@@ -284,20 +288,39 @@ void bench_attention() {
     std::vector<int64_t> pos(R);
     for (int64_t r = 0; r < R; ++r) pos[r] = rows[r].pos;
     DeviceBuffer dfreq = to_device(freq), dpos = to_device(pos), qn16 = bf16_copy(q, R * H * D);
-    const double norm_us = median_us([&] {
+    const double norm_us = !fp8_only.empty() ? 0.0 : median_us([&] {
       rms_norm_rope_bf16(qn16.as<float>(), nullptr, R, H, D, 1e-6f, dfreq.as<float>(), pairs, dpos.as<int64_t>(),
                          nullptr);
     });
     report("q norm+rope bf16 (own pass)", R, "H 64 D 512", norm_us, 4.0 * R * H * D, 0, kBf16Flops);
     if (!attention_norms_q(H, D, pairs)) continue;
     const AttnQNorm qn{1e-6f, dfreq.as<float>(), pairs, dpos.as<int64_t>()};
-    const double fused_us = median_us([&] {
+    const double fused_us = !fp8_only.empty() ? 0.0 : median_us([&] {
       sparse_attention(q16.as<float>(), drows16.as<AttnRow>(), R, H, D, W, sink.as<float>(), o.as<float>(), nullptr,
                        true, KeyFormat::BF16, KeyFormat::BF16, nullptr, &qn);
     });
     const double key_bytes = prefill ? (R + W + pool) * D * 2.0 : R * (W + n_sel) * D * 2.0;
     report("attention fast bf16 + q norm", R, "H 64 D 512, 128+512 keys", fused_us,
            R * H * D * 6.0 + key_bytes, 4.0 * R * H * (W + n_sel) * D, kBf16Flops);
+    // The prefill's form: q's norm inside, wo_a's FP8 activations out (the kernel's epilogue), on
+    // CSA's key lists and on the window's alone (SWA).
+    if (R < 1024) continue;
+    DeviceBuffer codes(R * H * D), scales(R * H * D / 128 * 4);
+    const AttnFp8Out f8{codes.as<uint8_t>(), scales.as<float>(), InverseRope{dfreq.as<float>(), pairs, dpos.as<int64_t>(), D}};
+    std::vector<AttnRow> swa = rows16;
+    for (AttnRow& a : swa) a.sel = nullptr, a.n_sel = 0, a.n_entries = 0;
+    DeviceBuffer dswa = to_device(swa);
+    for (const bool window_only : {false, true}) {
+      if (fp8_only == "window" && !window_only) continue;
+      const double us = median_us([&] {
+        sparse_attention(q16.as<float>(), (window_only ? dswa : drows16).as<AttnRow>(), R, H, D, W, sink.as<float>(),
+                         o.as<float>(), nullptr, true, KeyFormat::BF16, KeyFormat::BF16, &f8, &qn);
+      });
+      const double keys = window_only ? W : W + n_sel;
+      const double kbytes = prefill ? (R + W + (window_only ? 0 : pool)) * D * 2.0 : R * keys * D * 2.0;
+      report("attention bf16 + q norm + fp8 out", R, window_only ? "H 64 D 512, 128 keys" : "H 64 D 512, 128+512 keys",
+             us, R * H * D * 3.0 + R * H * D / 128 * 4.0 + kbytes, 4.0 * R * H * keys * D, kBf16Flops);
+    }
   }
 }
 

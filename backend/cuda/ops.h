@@ -210,8 +210,9 @@ void expand_row_plans(const RowPlanJob* jobs, int64_t n_jobs, int64_t max_n, cud
 // fp8_out (optional): the output as the FP8 activations of the projection after it instead of
 // o: codes [R, H D] and scales [H D / 128][R], act_quant_fp8_inverse_rope(o, ..., rope) bit for bit
 // (the inverse RoPE and the quantisation in the kernel's epilogue: o's fp32 round trip is gone).
-// Taken where the warpgroup-MMA kernel runs with no key splits (prefill sizes); the return says
-// whether it was (false: o was written, fp8_out untouched).
+// Taken where the warpgroup-MMA kernel runs with no key splits (prefill sizes) and the rotary
+// pairs are a multiple of 4 (<= 64); the return says whether it was (false: o was written,
+// fp8_out untouched).
 struct AttnFp8Out {
   uint8_t* q = nullptr;
   float* scales = nullptr;

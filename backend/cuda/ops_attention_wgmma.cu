@@ -130,35 +130,39 @@ __device__ __forceinline__ float exp2_approx(float x) {
 // quad. So a block's amax is 32 values and two shuffles (one warp a block over values staged in
 // shared memory took ~6 us a CTA of shuffle chains). The same values, rotation, scale and codes
 // as act_quant_fp8_inverse_rope of the fp32 output: its bits.
+// The values are made once, in place in acc (dead after): making them again for the codes, and a
+// per-lane rotation test, had been ~1/3 of a 2-tile row's instructions (ncu, bench/NOTES.md step
+// 31). With the rotated columns starting at a multiple of 8 (pairs % 4 == 0, attention_fp8_out_ok)
+// a column block j rotates whole or not at all: the test is warp-uniform.
 constexpr int kCodePitch = kD + 16;  // bytes per staged code row (rows 4 banks apart)
-__device__ __forceinline__ void fp8_epilogue(const float (&acc)[4][32], Smem& S, const RowExtras& f8,
-                                             const float (&m)[2], const float* sink, int64_t r, int64_t H, int64_t h0,
-                                             int wg, const int (&hr)[2], int qd) {
-  const int tail = kD - 2 * f8.pairs;
+__device__ __forceinline__ float clamp448(float v) { return fminf(fmaxf(v, -448.f), 448.f); }  // to_e4m3's
+__device__ __forceinline__ void fp8_epilogue(float (&acc)[4][32], Smem& S, const RowExtras& f8, const float (&m)[2],
+                                             const float* sink, int64_t r, int64_t H, int64_t h0, int wg,
+                                             const int (&hr)[2], int qd) {
+  // Columns from tail rotate; rel: where that is in this warpgroup's 256 (a shuffle: known uniform).
+  const int rel = __shfl_sync(0xFFFFFFFFu, kD - 2 * f8.pairs - 256 * wg, 0);
   uint8_t(*const cst)[kCodePitch] = reinterpret_cast<uint8_t(*)[kCodePitch]>(S.k[0]);
   float mul[2];
 #pragma unroll
   for (int e = 0; e < 2; ++e) mul[e] = 1.0f / (S.lsum[0][hr[e]] + S.lsum[1][hr[e]] + expf(sink[h0 + hr[e]] - m[e]));
-  // The pair (columns c, c + 1) of accumulator n, j, row e as the fp32 output holds it, rotated back.
-  auto pair = [&](int n, int j, int e) {
-    float a = acc[n][4 * j + 2 * e] * mul[e], b = acc[n][4 * j + 2 * e + 1] * mul[e];
-    const int c = 256 * wg + 64 * n + 8 * j + 2 * qd;
-    if (c >= tail) {
-      const float2 rt = S.rot[(c - tail) / 2];
-      rope_rotate(a, b, rt.x, rt.y);
-    }
-    return make_float2(a, b);
-  };
   float amax[2][2] = {};  // [e][nb]
 #pragma unroll
-  for (int e = 0; e < 2; ++e)
+  for (int n = 0; n < 4; ++n)
 #pragma unroll
-    for (int n = 0; n < 4; ++n)
+    for (int j = 0; j < 8; ++j) {
+      const bool rotates = 64 * n + 8 * j >= rel;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const float2 v = pair(n, j, e);
-        amax[e][n / 2] = fmaxf(amax[e][n / 2], fmaxf(fabsf(v.x), fabsf(v.y)));
+      for (int e = 0; e < 2; ++e) {
+        float a = acc[n][4 * j + 2 * e] * mul[e], b = acc[n][4 * j + 2 * e + 1] * mul[e];
+        if (rotates) {
+          const float2 rt = S.rot[(64 * n + 8 * j - rel) / 2 + qd];
+          rope_rotate(a, b, rt.x, rt.y);
+        }
+        acc[n][4 * j + 2 * e] = a;
+        acc[n][4 * j + 2 * e + 1] = b;
+        amax[e][n / 2] = fmaxf(amax[e][n / 2], fmaxf(fabsf(a), fabsf(b)));
       }
+    }
   float sc[2][2];
 #pragma unroll
   for (int e = 0; e < 2; ++e)
@@ -177,10 +181,10 @@ __device__ __forceinline__ void fp8_epilogue(const float (&acc)[4][32], Smem& S,
     for (int n = 0; n < 4; ++n) {
       const float inv = 1.0f / sc[e][n / 2];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const float2 v = pair(n, j, e);
+      for (int j = 0; j < 8; ++j) {  // two codes by one conversion: to_e4m3's each (first value lowest)
+        const float2 v = make_float2(clamp448(acc[n][4 * j + 2 * e] * inv), clamp448(acc[n][4 * j + 2 * e + 1] * inv));
         *reinterpret_cast<uint16_t*>(&cst[hr[e]][256 * wg + 64 * n + 8 * j + 2 * qd]) =
-            static_cast<uint16_t>(to_e4m3(v.x * inv) | to_e4m3(v.y * inv) << 8);
+            static_cast<uint16_t>(__nv_cvt_float2_to_fp8x2(v, __NV_SATFINITE, __NV_E4M3));
       }
     }
   fence_proxy_async_smem();  // the codes visible to the bulk copies
@@ -476,7 +480,7 @@ bool attention_wgmma_ok(int64_t H, int64_t D) {
 
 bool attention_fp8_out_ok(int64_t H, const InverseRope& rope) {
   return g_fp8_out_on && attention_wgmma_ok(H, kD) && rope.head_len == kD && rope.pairs >= 0 &&
-         rope.pairs <= kMaxRotPairs && 2 * rope.pairs <= kD;
+         rope.pairs <= kMaxRotPairs && 2 * rope.pairs <= kD && rope.pairs % 4 == 0;
 }
 
 bool attention_norms_q(int64_t H, int64_t D, int64_t pairs) {
@@ -491,7 +495,7 @@ void attention_wgmma(const float* q, const AttnRow* rows, int64_t R, int64_t H, 
   DSV4_CHECK(!f8 || (nsplit == 1 && attention_fp8_out_ok(H, f8->rope) && f8->q && f8->scales &&
                      reinterpret_cast<uintptr_t>(f8->q) % 16 == 0),
              "attention_wgmma: the FP8 output needs one split, heads of ", kD, " channels with <= ", kMaxRotPairs,
-             " rotary pairs and 16-byte aligned codes");
+             " rotary pairs (a multiple of 4) and 16-byte aligned codes");
   DSV4_CHECK(!qn || (bf16_q && attention_norms_q(H, kD, qn->pairs)), "attention_wgmma: q's norm needs bf16 q, heads of ",
              kD, " channels with <= ", kMaxRotPairs, " rotary pairs");
   DSV4_CHECK(!f8 || !qn || (f8->rope.inv_freq == qn->inv_freq && f8->rope.pairs == qn->pairs && f8->rope.pos == qn->pos),

@@ -315,14 +315,17 @@ struct Bf16KeysCall {
 
 // The FP8 epilogue (cuda::AttnFp8Out): wo_a's activations written by the attention kernel are
 // act_quant_fp8_inverse_rope's of the fp32 output, codes and scales bit for bit, for fp32 and bf16
-// q. Calls with key splits decline it and write o. want_taken: the warpgroup-MMA kernel runs it.
-void run_fp8_out_case(Kind kind, int64_t R, int64_t p0, int64_t H, int64_t n_entries, bool want_taken) {
-  SCOPED_TRACE("fp8 out R=" + std::to_string(R) + " H=" + std::to_string(H) + " kind=" + std::to_string(int(kind)));
+// q. Calls with key splits, or rotary pairs not a multiple of 4, decline it and write o.
+// want_taken: the warpgroup-MMA kernel runs it.
+void run_fp8_out_case(Kind kind, int64_t R, int64_t p0, int64_t H, int64_t n_entries, bool want_taken,
+                      int64_t pairs = Bf16KeysCall::pairs) {
+  SCOPED_TRACE("fp8 out R=" + std::to_string(R) + " H=" + std::to_string(H) + " kind=" + std::to_string(int(kind)) +
+               " pairs=" + std::to_string(pairs));
   const Bf16KeysCall call(kind, R, p0, H, n_entries);
   const int64_t D = call.D, W = call.W, cols = H * D;
   const std::vector<float> q = randn(R * H * D);
   const DeviceBuffer &drows = call.drows, &dsink = call.dsink;
-  const cuda::InverseRope rope = call.rope();
+  const cuda::InverseRope rope{call.dfreq.as<float>(), pairs, call.dpos.as<int64_t>(), D};
   for (const bool bf16_q : {false, true}) {
     DeviceBuffer dq = bf16_q ? to_device(bf16_bits(q)) : to_device(q);
     const cuda::KeyFormat qf = bf16_q ? cuda::KeyFormat::BF16 : cuda::KeyFormat::F32;
@@ -355,6 +358,8 @@ TEST(CudaOpsAttention, Fp8EpilogueIsTheQuantisedOutput) {
   run_fp8_out_case(Kind::CSA, 300, 1000, 64, 900, wgmma);  // one CTA per row, no splits
   run_fp8_out_case(Kind::HCA, 150, 70, 128, 300, wgmma);   // two head groups, windows from 0
   run_fp8_out_case(Kind::CSA, 2, 600, 64, 700, false);     // key splits: declined, o written
+  run_fp8_out_case(Kind::SWA, 200, 0, 64, 1, wgmma, 8);    // fewer rotary pairs (columns from 496)
+  run_fp8_out_case(Kind::SWA, 200, 0, 64, 1, false, 30);   // pairs not a multiple of 4: declined
 }
 
 // q's norm inside attention (cuda::AttnQNorm): bf16 q as wq_b's GEMM writes it, normalised and
