@@ -38,6 +38,11 @@ __device__ __forceinline__ SplitKeys split_keys(const AttnRow& row, int64_t W, i
   k.lo = row.pos - W + 1 > 0 ? row.pos - W + 1 : 0;
   k.nwin = row.pos - k.lo + 1;
   const int64_t nkeys = k.nwin + (row.sel ? row.n_sel : row.n_entries);
+  if (nsplit == 1) {  // the whole list (the general form below divides by nsplit in 64 bits)
+    k.kb = 0;
+    k.ke = nkeys;
+    return k;
+  }
   const int64_t chunk = (((nkeys + nsplit - 1) / nsplit + tile - 1) / tile) * tile;
   k.kb = split * chunk < nkeys ? split * chunk : nkeys;
   k.ke = k.kb + chunk < nkeys ? k.kb + chunk : nkeys;

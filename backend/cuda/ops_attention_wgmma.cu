@@ -31,6 +31,7 @@
 #include <cstddef>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 
 #include "backend/cuda/bf16_fragments.cuh"
 #include "backend/cuda/check.h"
@@ -328,12 +329,34 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int n = 0; n < 4; ++n) wgmma_pin(acc[n]);  // the rescale done before the fence, not between the wgmmas
   };
-  auto issue_pv = [&](const uint8_t* v) {
+  // The wgmmas are issued with the warpgroup as a constant (Wg), so that each descriptor comes
+  // from uniform values alone (built once a tile, advanced by uniform adds): with wg in the
+  // address, every wgmma's descriptor was rebuilt in ordinary registers and moved over (~8
+  // instructions a wgmma, ~1/3 of a tile's instructions: ncu, bench/NOTES.md step 31).
+  auto issue_pv_wg = [&](auto wg_const, const uint8_t* v) {
+    constexpr int Wg = decltype(wg_const)::value;
 #pragma unroll
     for (int kk = 0; kk < kKeys / 16; ++kk)
 #pragma unroll
       for (int n = 0; n < 4; ++n)
-        wgmma_m64n64k16_bf16_rs_mn(acc[n], a[kk], wgmma_desc_sw128_mn64(v + (4 * wg + n) * kRegion + kk * 16 * 128));
+        wgmma_m64n64k16_bf16_rs_mn(acc[n], a[kk], wgmma_desc_sw128_mn64(v + (4 * Wg + n) * kRegion + kk * 16 * 128));
+  };
+  auto issue_pv = [&](const uint8_t* v) {
+    if (wg == 0) issue_pv_wg(std::integral_constant<int, 0>{}, v);
+    else issue_pv_wg(std::integral_constant<int, 1>{}, v);
+  };
+  // S = Q K^T of this warpgroup's 32 keys of the tile in kt (then a commit), and the previous
+  // tile's P V on v (its caller commits).
+  auto issue_s_pv = [&](auto wg_const, const uint8_t* kt, float (&s)[16], const uint8_t* v) {
+    constexpr int Wg = decltype(wg_const)::value;
+#pragma unroll
+    for (int k = 0; k < kD / 16; ++k) {
+      const uint64_t da = wgmma_desc_sw128(S.q + (k >> 2) * kH * 128) + 2 * (k & 3);
+      const uint64_t db = wgmma_desc_sw128(kt + (k >> 2) * kRegion + 32 * Wg * 128) + 2 * (k & 3);
+      wgmma_m64n32k16_bf16_ss(s, da, db, true);
+    }
+    wgmma_commit();
+    issue_pv_wg(wg_const, v);
   };
   // Every tile issues a P V group, so that the wgmma groups do not depend on control flow (a
   // conditional group cost a dummy wgmma per tile; a peeled first tile made ptxas serialise the
@@ -354,14 +377,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll    // define its registers inside the pipeline stage, serialising the wgmmas: C7515)
     for (int i = 0; i < 16; ++i) s[i] = 0.f;
     wgmma_fence();
-#pragma unroll
-    for (int k = 0; k < kD / 16; ++k) {
-      const uint64_t da = wgmma_desc_sw128(S.q + (k >> 2) * kH * 128) + 2 * (k & 3);
-      const uint64_t db = wgmma_desc_sw128(kt + (k >> 2) * kRegion + 32 * wg * 128) + 2 * (k & 3);
-      wgmma_m64n32k16_bf16_ss(s, da, db, true);
-    }
-    wgmma_commit();
-    issue_pv(t > 0 ? S.k[cur ^ 1] : S.q);
+    const uint8_t* const pv = t > 0 ? S.k[cur ^ 1] : S.q;
+    if (wg == 0) issue_s_pv(std::integral_constant<int, 0>{}, kt, s, pv);
+    else issue_s_pv(std::integral_constant<int, 1>{}, kt, s, pv);
     wgmma_commit();
     // The next tile's key rows, their global reads under the MMAs (the slot was last read by the
     // previous tile's fetch and softmax, both before this tile's barrier).
