@@ -119,15 +119,18 @@ __device__ __forceinline__ void fold(Stage& st, int s, int lr, int h, const RowB
   }
 }
 
-// A block's four k32 steps of one slice: sa = the stage's shared address (32 bits).
-template <int N>
-__device__ __forceinline__ void block_product(float (&c)[N / 2], uint32_t sa, int slice) {
+// A block's four k32 steps of one slice: sa = the stage's shared address (32 bits). The slice is
+// a template constant and the k32 steps advance the descriptors by uniform adds, so that they stay
+// in uniform registers (with the slice a runtime value each wgmma's descriptors were rebuilt in
+// ordinary registers and moved over, as in the attention kernel: bench/NOTES.md step 31).
+template <int N, int Slice>
+__device__ __forceinline__ void block_product_of(float (&c)[N / 2], uint32_t sa) {
   wgmma_fence();
-  const uint32_t a = sa + static_cast<uint32_t>(offsetof(Stage, a) + slice * kSliceRows * 128),
-                 b = sa + static_cast<uint32_t>(offsetof(Stage, act));
+  const uint64_t da0 = wgmma_desc_sw128(sa + static_cast<uint32_t>(offsetof(Stage, a) + Slice * kSliceRows * 128)),
+                 db0 = wgmma_desc_sw128(sa + static_cast<uint32_t>(offsetof(Stage, act)));
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const uint64_t da = wgmma_desc_sw128(a + 32 * j), db = wgmma_desc_sw128(b + 32 * j);
+  for (int j = 0; j < 4; ++j) {  // + 32 bytes a step: + 2 in the address field (16-byte units)
+    const uint64_t da = da0 + 2 * j, db = db0 + 2 * j;
     if constexpr (N == 128)
       wgmma_m64n128k32_e4m3_ss(c, da, db, j > 0);
     else
@@ -136,6 +139,11 @@ __device__ __forceinline__ void block_product(float (&c)[N / 2], uint32_t sa, in
   wgmma_commit();
   wgmma_wait<0>();
   wgmma_pin(c);
+}
+template <int N>
+__device__ __forceinline__ void block_product(float (&c)[N / 2], uint32_t sa, int slice) {
+  if (slice == 0) block_product_of<N, 0>(c, sa);
+  else block_product_of<N, 1>(c, sa);
 }
 
 // The consumers' own barrier (the producers may have left).
