@@ -105,8 +105,20 @@ __global__ void __launch_bounds__(kThreads, 2) hc_post_project_tiled_kernel(Args
     for (int j = 0; j < kN; ++j) l.old[j] = I4[j * d4 + c];
     mhc::post_load(l.in, a.F, a.F2, a.rt, valid, r, d4, c);
   };
-  // hc_post's new streams from the loads of step t into X and tile b; fn's columns of the step
-  // into the tile by cp.async (one commit group).
+  // fn's columns of step t into tile b by cp.async (one commit group), issued a step ahead: tile
+  // b's f was last read by step t - 2's products (done before step t - 1's barrier, after which
+  // this is called). Fetched in the step that used it, its L2 round trip (12 KB) was waited on
+  // right away every step.
+  auto fetch_fn = [&](int t, int b) {
+    if (t >= steps) return;
+    for (int i = tid; i < kOut * kN * kCols4; i += kThreads) {
+      const int o = i / (kN * kCols4), j = (i / kCols4) % kN, q4 = i % kCols4;
+      const int64_t col = 4 * (c_begin + int64_t(t) * kCols4 + q4);
+      detail::cp_async16(&S.t[b].f[o][j * kCols4 * 4 + 4 * q4], a.fn + o * nd + j * d4 * 4 + col);
+    }
+    detail::cp_async_commit();
+  };
+  // hc_post's new streams from the loads of step t into X and tile b's x.
   auto make = [&](int t, int b, const StepLoads<kY16, XIn>& l) {
     float4 nw[kN];
     if (live) {
@@ -126,12 +138,6 @@ __global__ void __launch_bounds__(kThreads, 2) hc_post_project_tiled_kernel(Args
     }
 #pragma unroll
     for (int k = 0; k < kN; ++k) *reinterpret_cast<float4*>(&S.t[b].x[row][k * kCols4 * 4 + 4 * cc]) = nw[k];
-    for (int i = tid; i < kOut * kN * kCols4; i += kThreads) {
-      const int o = i / (kN * kCols4), j = (i / kCols4) % kN, q4 = i % kCols4;
-      const int64_t col = 4 * (c_begin + int64_t(t) * kCols4 + q4);
-      detail::cp_async16(&S.t[b].f[o][j * kCols4 * 4 + 4 * q4], a.fn + o * nd + j * d4 * 4 + col);
-    }
-    detail::cp_async_commit();
   };
 
   const int warp = tid >> 5, g = (tid & 31) >> 2, q = tid & 3;
@@ -139,13 +145,15 @@ __global__ void __launch_bounds__(kThreads, 2) hc_post_project_tiled_kernel(Args
   float acc[3][4] = {}, ss[2] = {};
   StepLoads<kY16, XIn> l;  // one set of registers: step t's loads are used up before step t + 1's are issued
   __syncthreads();  // comb
+  fetch_fn(0, 0);
   load(0, l);
   for (int t = 0; t < steps; ++t) {
     const int b = t & 1;
     make(t, b, l);  // tile b's last reader (step t - 2) passed the barrier of step t - 1
     load(t + 1, l);
-    detail::cp_async_wait<0>();
+    detail::cp_async_wait<0>();  // fn of step t (asked for a step ago)
     __syncthreads();
+    fetch_fn(t + 1, b ^ 1);  // tile b ^ 1's last reader (step t - 1) passed this barrier
 #pragma unroll
     for (int k = k_part; k < k_part + kPartK; k += 8) {
       const Tile& T = S.t[b];
