@@ -75,7 +75,9 @@ __global__ void __launch_bounds__(C::kThreads)
   extern __shared__ __align__(128) unsigned char smem_raw[];
   unsigned char* smem = align_1024(smem_raw);                                       // swizzle atoms
   float* sxs = reinterpret_cast<float*>(smem + S * C::kStageBytes);                // [S][N] activation scales
-  const int tid = threadIdx.x, wg = tid >> 7;
+  // wg through a shuffle: the compiler then knows it is warp-uniform (a branch on it is not a
+  // divergent path that serialises the wgmmas: ptxas C7520).
+  const int tid = threadIdx.x, wg = __shfl_sync(0xFFFFFFFFu, tid >> 7, 0);
   const int64_t o0 = static_cast<int64_t>(blockIdx.x) * C::kM, K = w.in, nkb = K / 128;
   const int64_t xkb0 = o0 / ng * nkb;  // the group's first 128-block of x
   const int r0 = static_cast<int>(blockIdx.y) * N;
@@ -119,12 +121,18 @@ __global__ void __launch_bounds__(C::kThreads)
     const float sw = wscale[kb];
     const unsigned char* st = smem + (kb % S) * C::kStageBytes;
     wgmma_fence();
+    // The warpgroup as a constant: the descriptors then come from uniform values (built once a
+    // block, advanced by uniform adds of 2 = 32 bytes) instead of being rebuilt in ordinary
+    // registers and moved over for every wgmma (as in attention and the experts: bench/NOTES.md
+    // step 31).
+    auto block = [&](auto wg_const) {
+      constexpr int Wg = decltype(wg_const)::value;
+      const uint64_t da0 = wgmma_desc_sw128(st + Wg * 64 * 128), db0 = wgmma_desc_sw128(st + C::kABytes);
 #pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      const uint64_t da = wgmma_desc_sw128(st + wg * 64 * 128 + 32 * s);
-      const uint64_t db = wgmma_desc_sw128(st + C::kABytes + 32 * s);
-      wgmma_block<N>(part, da, db, s > 0);
-    }
+      for (int s = 0; s < 4; ++s) wgmma_block<N>(part, da0 + 2 * s, db0 + 2 * s, s > 0);
+    };
+    if (C::kThreads == 128 || wg == 0) block(std::integral_constant<int, 0>{});
+    else block(std::integral_constant<int, 1>{});
     wgmma_commit();
     wgmma_wait<0>();
     wgmma_pin(part);
