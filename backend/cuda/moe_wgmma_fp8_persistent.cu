@@ -76,7 +76,7 @@ __device__ __forceinline__ WRaw weight_raw(const DevWeight* tab, int expert, int
 
 // The next item's per-thread loads, issued while this one runs (a round trip each where first
 // needed otherwise): its weight row, gate/up's token rows (slot pairs) of the thread's code chunks
-// and of its scale's token, and its E8M0 row, prefetched to L2 first and then read 64 bytes at a
+// and of its scale's token, and its E8M0 row, asked of L2 first and then read 64 bytes at a
 // time into ev (16-byte words where the row allows; else read when the base is made).
 struct RRaw {
   const uint8_t *w, *e;
@@ -85,6 +85,10 @@ struct RRaw {
   uint32_t m;  // the exponents' running maximum (4 bytes)
   bool fast;
 };
+// L2 prefetch of one line from this thread's own address. (The bulk prefetch, prefetch_l2_span,
+// takes uniform operands: with a row per lane ptxas looped it over the 32 lanes, ~220
+// instructions a warp an item; bench/NOTES.md step 32.)
+__device__ __forceinline__ void prefetch_l2_line(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 template <bool kGateUp, class Args>
 __device__ __forceinline__ void rows_raw(RRaw& r, const Args& a, const MoeTile& t, const WRaw& wr, int x, int s,
                                          int lr) {
@@ -98,7 +102,11 @@ __device__ __forceinline__ void rows_raw(RRaw& r, const Args& a, const MoeTile& 
   r.e = wr.scale + row * wr.sc;
   r.fast = wr.sc % 16 == 0 && wr.sc <= 128 && (reinterpret_cast<uintptr_t>(r.e) & 15) == 0;
   r.m = 0;
-  if (r.fast) prefetch_l2_span(r.e, static_cast<uint32_t>(wr.sc));
+  if (r.fast) {  // at most two 128-byte lines
+    prefetch_l2_line(r.e);
+    if (((reinterpret_cast<uintptr_t>(r.e) + wr.sc - 1) ^ reinterpret_cast<uintptr_t>(r.e)) >= 128)
+      prefetch_l2_line(r.e + wr.sc - 1);
+  }
   if constexpr (kGateUp) {
 #pragma unroll
     for (int n = 0; n < 9; ++n) {

@@ -40,7 +40,9 @@ __device__ __forceinline__ void pdl_trigger() {
 }
 
 // Asks L2 for bytes [p, p + n) from the calling thread (p and n multiples of 16). Nothing waits
-// for it; the later loads find the lines in L2.
+// for it; the later loads find the lines in L2. Its SASS takes uniform operands: with a different
+// address per lane it runs once per distinct lane value (a loop), so per-lane rows want
+// prefetch.global.L2 a line at a time instead.
 __device__ __forceinline__ void prefetch_l2_span(const void* p, uint32_t n) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (n > 0) asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(n) : "memory");
