@@ -397,6 +397,9 @@ void bench_indexer() {
   const Variant variants[] = {{"exact", false, KeyFormat::F32}, {"fast", true, KeyFormat::F32},
                               {"fast bf16", true, KeyFormat::BF16}};
   std::vector<int64_t> entries = {16384, 65536, 262144};
+  // BENCH_INDEXER_SPLIT=1: the graph and score / select rows at every shape, not only 262144 x 1;
+  // BENCH_INDEXER_CAUSAL=1: rows see a prefill's triangle of the entries (row i: (i + 1) n / R).
+  const bool split = std::getenv("BENCH_INDEXER_SPLIT") != nullptr, causal = std::getenv("BENCH_INDEXER_CAUSAL") != nullptr;
   if (const char* env = std::getenv("BENCH_INDEXER_ENTRIES")) {  // e.g. "262144": one size (profiling runs)
     entries.clear();
     std::istringstream in(env);
@@ -411,6 +414,8 @@ void bench_indexer() {
         const void* k =
             v.keys == KeyFormat::BF16 ? static_cast<const void*>(keys16.as<uint8_t>()) : keys32.as<uint8_t>();
         std::vector<IndexerRow> rows(R, IndexerRow{k, n_vis});
+        if (causal)  // a prefill's rows: row i sees (i + 1) n_vis / R entries
+          for (int64_t i = 0; i < R; ++i) rows[i].n_visible = std::max<int64_t>(1, (i + 1) * n_vis / R);
         DeviceBuffer drows = to_device(rows);
         auto call = [&](cudaStream_t s) {
           indexer_topk(q.as<float>(), om.as<float>(), drows.as<IndexerRow>(), R, nh, hd, topk, n_vis,
@@ -422,7 +427,7 @@ void bench_indexer() {
         std::snprintf(shape, sizeof shape, "%lld entries, top-512", static_cast<long long>(n_vis));
         std::snprintf(name, sizeof name, "indexer_topk %s", v.name);
         report(name, R, shape, median_us([&] { call(nullptr); }), bytes, flops, v.fast ? kBf16Flops : kSimtFlops);
-        if (n_vis != 262144 || R != 1 || !v.fast) continue;
+        if (!v.fast || !(split || (n_vis == 262144 && R == 1))) continue;
         std::snprintf(name, sizeof name, "indexer_topk %s graph", v.name);
         report(name, R, shape, graph_median_us(call), bytes, flops, kBf16Flops);
         // The two halves, each as a graph: scores into a buffer, then the top-k over it.
