@@ -3,7 +3,8 @@
 # was taken back mid-call): the short-row indexer select (every row under kLargeRow entries: a
 # prefill's CSA rows) in 256-thread blocks where the padded picks fit 512 (top-512, rows <= 8192
 # entries), and the picks sorted in registers two a thread (sort_desc_in_registers) instead of
-# the shared-memory bitonic network (45 barrier stages of 1024 threads at P = 512). Same picks by
+# the shared-memory bitonic network (45 barrier stages of 1024 threads at P = 512), and one
+# barrier-free gathering pass where the threshold's ties are all picks. Same picks by
 # construction (unique composite keys). New test PrefillRowsShortSelects.
 # Before: build main's dsv4 and bench_ops, strip them to /tmp/x/{dsv4,bench_ops}_main and tar -cJf
 # .prebuilt2/main.txz -C /tmp/x .; git apply the patch; build dsv4 bench_ops cuda_ops_indexer_test
