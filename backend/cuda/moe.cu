@@ -53,8 +53,14 @@ __device__ __forceinline__ void block_scan(int* a) {
 // One block, a thread per expert (any block size >= E): counts, then scans of the slot and tile
 // counts so that each expert writes its own tiles (a serial loop over 256 experts took ~20 us a
 // layer).
-__device__ __forceinline__ void group_pairs(const int32_t* experts, int pairs, int E, int T, int32_t* slot_pair,
-                                            Tile* tiles, int32_t* n_tiles) {
+// Tiles of an expert's c pairs: of T, but the last two merge where together they hold at most Tm
+// (the persistent FP8 prefill kernels' wide items; Tm == T: plain T-tiles).
+__device__ __forceinline__ int tiles_of(int c, int T, int Tm) {
+  return c <= 0 ? 0 : c <= Tm ? 1 : (c - Tm + T - 1) / T + 1;
+}
+
+__device__ __forceinline__ void group_pairs(const int32_t* experts, int pairs, int E, int T, int Tm,
+                                            int32_t* slot_pair, Tile* tiles, int32_t* n_tiles) {
   __shared__ int cnt[kMaxExperts];
   __shared__ int slots[kMaxExperts];  // inclusive scan of counts
   __shared__ int ntile[kMaxExperts];  // inclusive scan of tile counts
@@ -68,12 +74,16 @@ __device__ __forceinline__ void group_pairs(const int32_t* experts, int pairs, i
   __syncthreads();
   const int c = e < E ? cnt[e] : 0;
   slots[e] = c;
-  ntile[e] = (c + T - 1) / T;
+  ntile[e] = tiles_of(c, T, Tm);
   __syncthreads();
   block_scan(slots);
   block_scan(ntile);
-  const int off = slots[e] - c, t0 = ntile[e] - (c + T - 1) / T;
-  for (int s = 0; s < c; s += T) tiles[t0 + s / T] = Tile{e, off + s, min(T, c - s), 0};
+  const int off = slots[e] - c, t0 = ntile[e] - tiles_of(c, T, Tm);
+  for (int s = 0, j = 0; s < c; ++j) {
+    const int n = c - s <= Tm ? c - s : T;
+    tiles[t0 + j] = Tile{e, off + s, n, 0};
+    s += n;
+  }
   if (e == blockDim.x - 1) *n_tiles = ntile[e];
   __syncthreads();
   cnt[e] = off;  // reused as each expert's next free slot
@@ -84,9 +94,9 @@ __device__ __forceinline__ void group_pairs(const int32_t* experts, int pairs, i
   }
 }
 
-__global__ void group_kernel(const int32_t* __restrict__ experts, int pairs, int E, int T,
+__global__ void group_kernel(const int32_t* __restrict__ experts, int pairs, int E, int T, int Tm,
                              int32_t* __restrict__ slot_pair, Tile* __restrict__ tiles, int32_t* __restrict__ n_tiles) {
-  group_pairs(experts, pairs, E, T, slot_pair, tiles, n_tiles);
+  group_pairs(experts, pairs, E, T, Tm, slot_pair, tiles, n_tiles);
 }
 
 constexpr int kRouteGroupMaxThreads = 512;  // = route_row's expert bound
@@ -96,14 +106,14 @@ constexpr int kRouteGroupMaxThreads = 512;  // = route_row's expert bound
 // (visible to it after the barrier). One thread per expert, E rounded up to whole warps:
 // route_row's registers (127 unbounded, 112 under these bounds) would not fit 1024 threads.
 __global__ void __launch_bounds__(kRouteGroupMaxThreads)
-    route_group_kernel(MoeRoute route, int R, int K, int E, int T, int32_t* __restrict__ experts,
+    route_group_kernel(MoeRoute route, int R, int K, int E, int T, int Tm, int32_t* __restrict__ experts,
                        float* __restrict__ weights, int32_t* __restrict__ slot_pair, Tile* __restrict__ tiles,
                        int32_t* __restrict__ n_tiles) {
   for (int r = threadIdx.x >> 5; r < R; r += blockDim.x >> 5)
     detail::route_row(route.logits, route.bias, route.tid2eid, route.tokens, r, E, K, route.routed_scale, experts,
                       weights);
   __syncthreads();
-  group_pairs(experts, R * K, E, T, slot_pair, tiles, n_tiles);
+  group_pairs(experts, R * K, E, T, Tm, slot_pair, tiles, n_tiles);
 }
 
 template <int F, int R, bool VEC>
@@ -377,6 +387,13 @@ void combine(const RoutedRows& rows, int64_t R, int64_t d, bool accumulate, floa
 }
 
 int g_persistent_ctas = 0;  // set_moe_persistent_ctas
+// The persistent FP8 form on merged tiles of up to kMoeFp8MergeTokens (an expert's last two
+// 128-token tiles as one item: its weights folded once for both; bench/NOTES.md step 32);
+// DSV4_MOE_MERGE=0 or set_moe_merge_tiles(false) keeps 128-token tiles.
+bool g_merge_tiles = [] {
+  const char* env = std::getenv("DSV4_MOE_MERGE");
+  return !(env && env[0] == '0');
+}();
 
 // One of the FP8 prefill kernels (a set's gate/up or down) over grid_x CTAs per tile, as a
 // programmatic dependent of the launch before.
@@ -540,6 +557,8 @@ void set_moe_decode_tile(int tokens) {
   g_decode_tile = tokens;
 }
 
+void set_moe_merge_tiles(bool on) { g_merge_tiles = on; }
+
 void set_moe_persistent_ctas(int ctas) {
   DSV4_CHECK(ctas >= 0, "set_moe_persistent_ctas: 0 (one per SM) or a positive count");
   g_persistent_ctas = ctas;
@@ -678,6 +697,7 @@ void MoeRunner::run_impl(const ExpertSet& set, const float* x, int64_t R, const 
   const bool fp8_wide = wgmma && (g_wide_mode >= 4 || (g_wide_mode == 0 && g_prefill_fp8 && I % 64 == 0 &&
                                                        wgmma_tile_tokens(pairs, E) == 128));
   const int fp8_ws = !fp8_wide ? 0 : g_wide_mode >= 5 ? g_wide_mode - 4 : g_wide_mode == 0 ? g_prefill_ws : 0;
+  const bool merge = fp8_wide && fp8_ws == 18 && g_merge_tiles;    // the persistent form's wide items
   const bool fp8 = mma && !wide && tb.packed && decode_wgmma(d, I);  // FP8 wgmma 8- / 16-token tiles
   const int T = fp8_wide ? kMoeFp8WideTokens
                 : wgmma ? wgmma_tile_tokens(pairs, E)
@@ -688,6 +708,7 @@ void MoeRunner::run_impl(const ExpertSet& set, const float* x, int64_t R, const 
                        : kTileM;
   const unsigned max_tiles = static_cast<unsigned>(tiles_for(pairs, T));
   DSV4_CHECK(max_tiles < 65536u, "MoeRunner: tile grid too large (R too big for one call)");
+  const int Tm = merge ? kMoeFp8MergeTokens : T;  // merged tiles are fewer: max_tiles still bounds them
 
   // The weighted sum of the pairs' rows Y: into out, or left to the caller (defer, !accumulate).
   // Y16: the rows as bf16 instead (the FP8 prefill tiles: half the bytes of the [pairs, d] round trip).
@@ -716,10 +737,10 @@ void MoeRunner::run_impl(const ExpertSet& set, const float* x, int64_t R, const 
   }
 
   if (route)
-    route_group_kernel<<<1, (E + 31) / 32 * 32, 0, s>>>(*route, static_cast<int>(R), static_cast<int>(K), E, T,
+    route_group_kernel<<<1, (E + 31) / 32 * 32, 0, s>>>(*route, static_cast<int>(R), static_cast<int>(K), E, T, Tm,
                                                          route->experts, route->weights, sp, tiles, nt);
   else
-    group_kernel<<<1, 1024, 0, s>>>(experts, static_cast<int>(pairs), E, T, sp, tiles, nt);
+    group_kernel<<<1, 1024, 0, s>>>(experts, static_cast<int>(pairs), E, T, Tm, sp, tiles, nt);
   DSV4_CUDA_LAUNCH_CHECK();
 
   if (fp8_wide) {
@@ -730,7 +751,8 @@ void MoeRunner::run_impl(const ExpertSet& set, const float* x, int64_t R, const 
     uint8_t *xq = m.xq8.as<uint8_t>(), *hq = m.hq8.as<uint8_t>();
     float *xs = m.xsc.as<float>(), *hs = m.hsc.as<float>();
     act_quant_fp8_wgmma_b(x, R, d, d, xq, d, xs, s);
-    const Fp8TileKernels k = fp8_tile_kernels(fp8_ws);
+    const Fp8TileKernels k = merge ? fp8_ws_persistent_kernels(true) : fp8_tile_kernels(fp8_ws);
+    DSV4_CHECK(k.max_tokens >= Tm, "MoeRunner: tiles of ", Tm, " tokens for kernels of ", k.max_tokens);
     DSV4_CHECK(wgmma_available() && d % 128 == 0 && I % 128 == 0 && R * d < int64_t{UINT32_MAX} &&
                    pairs * I < int64_t{UINT32_MAX},
                "MoeRunner: FP8 prefill tiles need an sm_90a device and build, d and I multiples of 128 and "

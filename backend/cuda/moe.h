@@ -43,6 +43,9 @@ void set_moe_wide_tiles(int mode);
 // CTAs of the persistent FP8 prefill form (mode 22): 0 = one per SM; tests set a few so that each
 // CTA walks many items.
 void set_moe_persistent_ctas(int ctas);
+// The persistent form's merged tiles (an expert's last two 128-token tiles as one item of up to
+// 192 tokens, its weights folded once): on by default (DSV4_MOE_MERGE=0 off); same bits either way.
+void set_moe_merge_tiles(bool on);
 bool moe_wgmma_available();
 // The 8-token tiles on packed experts: 0 = the FP8 wgmma kernels (moe_wgmma_decode.cu) where the
 // device (sm_90) and build (arch 90a) have them, else mma.sync; -1 = always mma.sync (moe_mma.cu,

@@ -119,7 +119,8 @@ struct Fp8TileKernels {
   void (*down)(Fp8DownArgs);
   int threads;
   size_t smem;
-  bool persistent = false;  // a CTA an SM walking (tile, slice) items, not a CTA an item
+  bool persistent = false;        // a CTA an SM walking (tile, slice) items, not a CTA an item
+  int max_tokens = kMoeFp8WideTokens;  // tile tokens the kernels take (group_pairs' merge width)
 };
 Fp8TileKernels fp8_wide_kernels();
 // producer_groups: 1 or 2 producer warpgroups (384 / 512 threads); consumer_fence: the consumers
@@ -129,8 +130,11 @@ Fp8TileKernels fp8_wide_kernels();
 Fp8TileKernels fp8_ws_kernels(int producer_groups, bool consumer_fence);
 // One producer warpgroup, fence in the consumers, persistent: a CTA an SM walks the (tile, row
 // slice) items on one ring, the producers running into the next item while the consumers store
-// the last one's outputs through its last stage (moe_wgmma_fp8_ws.cu). Same bits.
-Fp8TileKernels fp8_ws_persistent_kernels();
+// the last one's outputs through its last stage (moe_wgmma_fp8_persistent.cu). Same bits. wide:
+// tiles of up to kMoeFp8MergeTokens (an expert's last two 128-token tiles merged where they hold
+// at most that many: its weights folded once for them), 4 stages and a second codes ring.
+constexpr int kMoeFp8MergeTokens = 192;
+Fp8TileKernels fp8_ws_persistent_kernels(bool wide = false);
 // h = silu(min(g, L)) * clamp(v, ±L) (limit <= 0: plain SwiGLU), every expert kernel's epilogue.
 __device__ __forceinline__ float swiglu_clamped(float g, float v, float limit) {
   if (limit > 0.f) {

@@ -606,13 +606,19 @@ TEST(CudaMoe, Fp8WarpSpecialisedTilesMatchWide) {
 // Mode 6 persistent (mode 22: a CTA an SM walking the items, one ring across them, outputs through
 // the item's last stage): the same bits on every case (rings shorter than the copies' lead
 // included), with a CTA an SM and with 3 and 7 CTAs, each then walking many items of both widths.
+// Both on merged tiles (an expert's last two 128-token tiles as one item of up to 192 tokens:
+// the cases at R = 700 have ~175 pairs an expert) and on 128-token tiles.
 TEST(CudaMoe, Fp8WarpSpecialisedPersistentMatchesWide) {
   DSV4_REQUIRE_WGMMA_TILES();
-  for (int ctas : {0, 3, 7}) {
-    cuda::set_moe_persistent_ctas(ctas);
-    expect_ws_matches_wide({22});
+  for (bool merge : {true, false}) {
+    cuda::set_moe_merge_tiles(merge);
+    for (int ctas : {0, 3, 7}) {
+      cuda::set_moe_persistent_ctas(ctas);
+      expect_ws_matches_wide({22});
+    }
   }
   cuda::set_moe_persistent_ctas(0);
+  cuda::set_moe_merge_tiles(true);
 }
 
 // The by-size rule at prefill sizes (~75 and ~175 tokens an expert) runs a warp-specialised form
