@@ -14,6 +14,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 
 #include "backend/cuda/async_scratch.h"
 #include "backend/cuda/check.h"
@@ -25,6 +27,8 @@ namespace dsv4::cuda::detail {
 namespace {
 
 constexpr int kSelThreads = 1024;
+constexpr int kSmallSelThreads = 256;  // short rows of at most kSmallSelMaxRow entries, top <= 512
+constexpr int64_t kSmallSelMaxRow = 8192;
 constexpr int kBins = kSelectBins;  // histogram of the keys' top 12 bits
 constexpr int kBinShift = kSelectBinShift;
 constexpr int kChunkThreads = 256;
@@ -62,55 +66,86 @@ __device__ void write_picks(const uint64_t* cand, int64_t kk, int64_t topk, int3
     out[i] = i < kk ? static_cast<int32_t>(~static_cast<uint32_t>(cand[i])) : -1;
 }
 
-// Short-row select of one row by the whole block (kSelThreads threads).
-__device__ void select_row(const float* sc, int64_t n, int64_t topk, int32_t* out) {
+__device__ void sort_desc_in_registers(uint64_t (&v)[2], uint64_t* xchg, int P);
+
+// Short-row select of one row by the whole block (T threads). The picks (at most 2 T after
+// padding to a power of two >= 64) are sorted in registers, two a thread (the shared-memory
+// network's log2(P)(log2(P) + 1) / 2 barrier stages were most of a prefill row's time:
+// bench/NOTES.md step 32); more go through the shared-memory sort.
+template <int T>
+__device__ void select_row_t(const float* sc, int64_t n, int64_t topk, int32_t* out) {
   __shared__ RadixScratch<uint32_t> rs;
   __shared__ uint64_t cand[kMaxIndexerTopk];
-  __shared__ uint32_t warp_ties[kSelThreads / 32];
+  __shared__ uint32_t warp_ties[T / 32];
   __shared__ uint32_t n_above;
   const int64_t kk = std::min<int64_t>(topk, n);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  int64_t P = 1;
+  if (kk <= 0) return write_picks(cand, 0, topk, out);
+  int64_t P = 64;
   while (P < kk) P <<= 1;
-  if (kk > 0) {
-    auto key = [&](int64_t i) { return float_key(sc[i]); };
-    auto one = [](int64_t) { return 1u; };
-    const uint32_t thr = block_radix_select<uint32_t>(key, one, n, static_cast<uint32_t>(kk), rs);
-    const uint32_t need_ties = rs.remaining, n_gt = static_cast<uint32_t>(kk) - need_ties;
-    if (tid == 0) n_above = 0;
-    __syncthreads();
-    // Keys above the threshold go anywhere in [0, n_gt) (the sort orders them); keys equal to it
-    // are ranked in index order by a block scan, the first need_ties taken (lower index first).
-    uint32_t ties_before = 0;
-    for (int64_t base = 0; base < n; base += kSelThreads) {
-      const int64_t i = base + tid;
-      const uint32_t k = i < n ? key(i) : 0u;
-      if (i < n && k > thr) cand[atomicAdd(&n_above, 1u)] = pick_key(k, i);
-      const bool tie = i < n && k == thr;
-      const unsigned ball = __ballot_sync(kFull, tie);
-      if (lane == 0) warp_ties[warp] = __popc(ball);
-      __syncthreads();
-      uint32_t before = 0, total = 0;
-      for (int w = 0; w < kSelThreads / 32; ++w) {
-        before += w < warp ? warp_ties[w] : 0u;
-        total += warp_ties[w];
-      }
-      const uint32_t rank = ties_before + before + __popc(ball & ((1u << lane) - 1u));
-      if (tie && rank < need_ties) cand[n_gt + rank] = pick_key(k, i);
-      ties_before += total;
-      __syncthreads();
+  auto key = [&](int64_t i) { return float_key(sc[i]); };
+  auto one = [](int64_t) { return 1u; };
+  const uint32_t thr = block_radix_select<uint32_t>(key, one, n, static_cast<uint32_t>(kk), rs);
+  const uint32_t need_ties = rs.remaining, n_gt = static_cast<uint32_t>(kk) - need_ties;
+  // Keys equal to the threshold: the last pass's bin of it (its histogram is not cleared after).
+  const uint32_t n_eq = rs.hist[thr & 255u];
+  if (tid == 0) n_above = 0;
+  __syncthreads();
+  // Every key at or above the threshold is a pick (the usual case: the threshold key alone ties):
+  // one pass, any order (the sort orders them), no per-chunk barriers.
+  if (n_eq == need_ties)
+    for (int64_t i = tid; i < n; i += T) {
+      const uint32_t k = key(i);
+      if (k >= thr) cand[atomicAdd(&n_above, 1u)] = pick_key(k, i);
     }
-    for (int64_t i = kk + tid; i < P; i += kSelThreads) cand[i] = 0;  // pads sort last
+  // Otherwise keys above the threshold go anywhere in [0, n_gt); keys equal to it are ranked in
+  // index order by a block scan, the first need_ties taken (lower index first).
+  uint32_t ties_before = 0;
+  for (int64_t base = 0; n_eq != need_ties && base < n; base += T) {
+    const int64_t i = base + tid;
+    const uint32_t k = i < n ? key(i) : 0u;
+    if (i < n && k > thr) cand[atomicAdd(&n_above, 1u)] = pick_key(k, i);
+    const bool tie = i < n && k == thr;
+    const unsigned ball = __ballot_sync(kFull, tie);
+    if (lane == 0) warp_ties[warp] = __popc(ball);
     __syncthreads();
-    sort_desc(cand, P);
+    uint32_t before = 0, total = 0;
+    for (int w = 0; w < T / 32; ++w) {
+      before += w < warp ? warp_ties[w] : 0u;
+      total += warp_ties[w];
+    }
+    const uint32_t rank = ties_before + before + __popc(ball & ((1u << lane) - 1u));
+    if (tie && rank < need_ties) cand[n_gt + rank] = pick_key(k, i);
+    ties_before += total;
+    __syncthreads();
   }
-  write_picks(cand, kk, topk, out);
+  for (int64_t i = kk + tid; i < P; i += T) cand[i] = 0;  // pads sort last
+  __syncthreads();
+  if (P > 2 * T) {
+    sort_desc(cand, P);
+    return write_picks(cand, kk, topk, out);
+  }
+  uint64_t v[2];
+#pragma unroll
+  for (int b = 0; b < 2; ++b) v[b] = 2 * tid + b < P ? cand[2 * tid + b] : 0;
+  __syncthreads();  // cand is the exchange buffer from here
+  sort_desc_in_registers(v, cand, static_cast<int>(P));
+#pragma unroll
+  for (int b = 0; b < 2; ++b) {
+    const int64_t i = 2 * tid + b;
+    if (i < topk) out[i] = i < kk ? static_cast<int32_t>(~static_cast<uint32_t>(v[b])) : -1;
+  }
+  for (int64_t i = 2 * T + tid; i < topk; i += T) out[i] = -1;  // past the padded picks: none
+}
+__device__ void select_row(const float* sc, int64_t n, int64_t topk, int32_t* out) {
+  select_row_t<kSelThreads>(sc, n, topk, out);
 }
 
-__global__ void __launch_bounds__(kSelThreads)
+template <int T>
+__global__ void __launch_bounds__(T)
     select_kernel(const float* scores, int64_t ld, const IndexerRow* rows, int64_t topk, int32_t* out) {
   const int64_t r = blockIdx.x;
-  select_row(scores + r * ld, rows[r].n_visible, topk, out + r * topk);
+  select_row_t<T>(scores + r * ld, rows[r].n_visible, topk, out + r * topk);
 }
 
 // (1) hist[r, b] += #{s in this chunk: key(s) >> 20 == b}.
@@ -306,6 +341,34 @@ __global__ void __launch_bounds__(kSelThreads)
 
 }  // namespace
 
+namespace {
+SelectForm g_form = [] {
+  const char* env = std::getenv("DSV4_INDEXER_SELECT");
+  const std::string f = env ? env : "";
+  return f == "warp" ? SelectForm::kWarp : f == "256" ? SelectForm::kBlocks256 : f == "1024" ? SelectForm::kBlocks1024 : SelectForm::kAuto;
+}();
+
+// The short-row form by size. H100, step 34 (`bench_ops indexer` select, R rows of n entries,
+// top-512, µs for 1024-thread blocks / 256-thread blocks / a warp a row): n 2048: R 1 26 / 33 /
+// 46, R 128 27 / 33 / 45, R 256 40 / 37 / 48, R 512 69 / 49 / 49, R 2048 231 / 146 / 65, 8192
+// causal rows 773 / 352 / 202; n 512: R 128 20 / 18 / 23, R 512 52 / 28 / 24; n 128: R 1 15 /
+// 12 / 9. A warp's row is latency-bound (~45 µs at 2048 entries), so it wins from ~512 rows or on
+// short rows; 1024 threads a row win where a few long rows are all there is.
+SelectForm form_by_size(int64_t R, int64_t topk, int64_t max_visible) {
+  const bool warp_ok = max_visible <= kWarpSelectMaxRow && topk <= kWarpSelectMaxTopk;
+  int64_t P = 64;
+  while (P < std::min(topk, max_visible)) P <<= 1;
+  const bool b256_ok = P <= 2 * kSmallSelThreads && max_visible <= kSmallSelMaxRow;
+  if (g_form == SelectForm::kWarp && warp_ok) return SelectForm::kWarp;
+  if (g_form == SelectForm::kBlocks256 && b256_ok) return SelectForm::kBlocks256;
+  if (g_form != SelectForm::kAuto) return SelectForm::kBlocks1024;
+  if (warp_ok && (R >= 512 || max_visible <= 128)) return SelectForm::kWarp;
+  if (b256_ok && (R >= 256 || max_visible <= 1024)) return SelectForm::kBlocks256;
+  return SelectForm::kBlocks1024;
+}
+}  // namespace
+void set_indexer_select_form(SelectForm form) { g_form = form; }
+
 void indexer_select(const float* scores, int64_t ld, const IndexerRow* rows, int64_t R, int64_t topk,
                     int64_t max_visible, int32_t* out, cudaStream_t s, const uint32_t* hist, uint32_t* counts) {
   DSV4_CHECK(!counts || hist, "indexer_select: zeroed counts come with a prebuilt histogram");
@@ -319,7 +382,12 @@ void indexer_select(const float* scores, int64_t ld, const IndexerRow* rows, int
     return;
   }
   if (max_visible < kLargeRow) {
-    select_kernel<<<static_cast<unsigned>(R), kSelThreads, 0, s>>>(scores, ld, rows, topk, out);
+    const SelectForm form = form_by_size(R, topk, max_visible);
+    if (form == SelectForm::kWarp) return indexer_select_warp(scores, ld, rows, R, topk, max_visible, out, s);
+    if (form == SelectForm::kBlocks256)
+      select_kernel<kSmallSelThreads><<<static_cast<unsigned>(R), kSmallSelThreads, 0, s>>>(scores, ld, rows, topk, out);
+    else
+      select_kernel<kSelThreads><<<static_cast<unsigned>(R), kSelThreads, 0, s>>>(scores, ld, rows, topk, out);
     DSV4_CUDA_LAUNCH_CHECK();
     return;
   }

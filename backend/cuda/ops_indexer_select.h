@@ -26,4 +26,17 @@ void indexer_select(const float* scores, int64_t ld, const IndexerRow* rows, int
                     int64_t max_visible, int32_t* out, cudaStream_t s, const uint32_t* hist = nullptr,
                     uint32_t* counts = nullptr);
 
+// Rows of at most kWarpSelectMaxRow entries at top-k of at most kWarpSelectMaxTopk can take one
+// warp a row (ops_indexer_select_warp.cu): the fastest form over many rows, but ~45 us of latency
+// for a 2048-entry row, so few long rows take the block forms (indexer_select's rule).
+constexpr int64_t kWarpSelectMaxRow = 2048;
+constexpr int64_t kWarpSelectMaxTopk = 512;
+void indexer_select_warp(const float* scores, int64_t ld, const IndexerRow* rows, int64_t R, int64_t topk,
+                         int64_t max_visible, int32_t* out, cudaStream_t s);
+// The short-row select's form: by size (kAuto), or one forced where it applies (tests, A/B):
+// a warp a row, 256-thread blocks, 1024-thread blocks. DSV4_INDEXER_SELECT=warp|256|1024 forces
+// one from the start.
+enum class SelectForm { kAuto, kWarp, kBlocks256, kBlocks1024 };
+void set_indexer_select_form(SelectForm form);
+
 }  // namespace dsv4::cuda::detail

@@ -1,4 +1,4 @@
-# CPU model of indexer-warp-select.patch's warp_select_kernel (ops_indexer_select_warp.cu): the
+# CPU model of warp_select_kernel (backend/cuda/ops_indexer_select_warp.cu, landed in step 34): the
 # threshold search, the tie cut, the ballot compaction and the register/shuffle bitonic sort, with
 # lanes and registers as lists, against topk_indices' rule (score desc, index asc). Written while no
 # device machine came (step 34) to check the algorithm before its first run; `python3` it: "bad 0".

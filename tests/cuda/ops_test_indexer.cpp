@@ -23,6 +23,7 @@ using test::bf16_bits;
 using test::bf16_round;
 using test::poisoned;
 using test::randn;
+using Form = cuda::detail::SelectForm;
 
 std::vector<float> cpu_scores(const float* q, const float* omega, const std::vector<float>& keys, int64_t n,
                               int64_t nh, int64_t hd) {
@@ -115,6 +116,62 @@ TEST(CudaOpsIndexer, TopkMatchesCpuRealShapes) {
 TEST(CudaOpsIndexer, TopkLongestRowTopk1024) {
   DSV4_REQUIRE_GPU();
   run_case({65536, 1500}, 64, 128, 1024, false, true);
+}
+
+// A prefill's rows (each sees a growing prefix of the compressed entries, up to 2048): the
+// short-row select's 256-thread blocks with the picks sorted in registers and one warp a row
+// (top-512, each forced), and at top-1024 the 1024-thread blocks, also sorting in registers.
+TEST(CudaOpsIndexer, PrefillRowsShortSelects) {
+  DSV4_REQUIRE_GPU();
+  std::vector<int64_t> visible(160);
+  for (size_t r = 0; r < visible.size(); ++r) visible[r] = static_cast<int64_t>((r + 1) * 2048 / visible.size());
+  for (const Form form : {Form::kBlocks256, Form::kWarp}) {
+    cuda::detail::set_indexer_select_form(form);
+    run_case(visible, 64, 128, 512, false, true);
+    run_case(visible, 64, 128, 512, false, true, true, true, true);  // as the model runs it: bf16 keys of one sequence
+  }
+  cuda::detail::set_indexer_select_form(Form::kAuto);
+  run_case({3000, 1500, 1024, 40, 0}, 64, 128, 1024, false, true);
+}
+
+// The select alone on given scores (no scorer): each short-row form (and the size rule) against
+// topk_indices exactly, on rows of every short length and scores that are smooth, piled into a
+// few values (exact ties across the threshold), all one value, or signed zeros.
+TEST(CudaOpsIndexer, WarpSelectMatchesCpuExactly) {
+  DSV4_REQUIRE_GPU();
+  const int64_t ld = cuda::detail::kWarpSelectMaxRow;
+  std::vector<int64_t> visible = {0, 1, 2, 31, 32, 33, 299, 300, 301, 511, 512, 513, 1000, 2047, 2048};
+  for (int64_t r = 0; r < 40; ++r) visible.push_back(37 + r * 51);
+  const int64_t R = static_cast<int64_t>(visible.size());
+  for (const int kind : {0, 1, 2, 3}) {
+    std::vector<float> sc = randn(R * ld);
+    for (size_t i = 0; i < sc.size(); ++i) {
+      if (kind == 1) sc[i] = std::round(sc[i] * 2.0f);     // ~13 values: big exact ties
+      if (kind == 2) sc[i] = 0.25f;                        // one value
+      if (kind == 3) sc[i] = (i % 3 == 0) ? -0.0f : (i % 3 == 1 ? 0.0f : -sc[i] * sc[i]);  // ±0 tie at the top
+    }
+    std::vector<cuda::IndexerRow> rows;
+    for (int64_t n : visible) rows.push_back(cuda::IndexerRow{nullptr, n});
+    DeviceBuffer dsc = to_device(sc), drows = to_device(rows);
+    for (const int64_t topk : {512, 300, 33, 1}) {
+      for (const Form form : {Form::kWarp, Form::kBlocks256, Form::kBlocks1024, Form::kAuto}) {
+        cuda::detail::set_indexer_select_form(form);
+        DeviceBuffer dout = test::poisoned_indices(R * topk);
+        cuda::detail::indexer_select(dsc.as<float>(), ld, drows.as<cuda::IndexerRow>(), R, topk, ld,
+                                     dout.as<int32_t>(), nullptr);
+        const std::vector<int32_t> got = to_host<int32_t>(dout, R * topk);
+        for (int64_t r = 0; r < R; ++r) {
+          std::vector<int32_t> want =
+              topk_indices(std::vector<float>(sc.begin() + r * ld, sc.begin() + r * ld + visible[r]), topk);
+          want.resize(static_cast<size_t>(topk), -1);
+          ASSERT_EQ(std::vector<int32_t>(got.begin() + r * topk, got.begin() + (r + 1) * topk), want)
+              << "kind " << kind << " top-" << topk << " row " << r << " (n " << visible[r] << ") form "
+              << static_cast<int>(form);
+        }
+      }
+    }
+  }
+  cuda::detail::set_indexer_select_form(Form::kAuto);
 }
 
 TEST(CudaOpsIndexer, ExactTiesTakeLowerIndexFirst) {
