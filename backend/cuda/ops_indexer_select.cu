@@ -353,7 +353,8 @@ SelectForm g_form = [] {
 // 46, R 128 27 / 33 / 45, R 256 40 / 37 / 48, R 512 69 / 49 / 49, R 2048 231 / 146 / 65, 8192
 // causal rows 773 / 352 / 202; n 512: R 128 20 / 18 / 23, R 512 52 / 28 / 24; n 128: R 1 15 /
 // 12 / 9. A warp's row is latency-bound (~45 µs at 2048 entries), so it wins from ~512 rows or on
-// short rows; 1024 threads a row win where a few long rows are all there is.
+// short rows; 1024 threads a row win where a few long rows are all there is. Step 35's rolled
+// warp sort: n 2048 R 1 23 / 33 / 40, n 512 R 1 18 / 17 / 15, 8192 causal rows 163 (warp).
 SelectForm form_by_size(int64_t R, int64_t topk, int64_t max_visible) {
   const bool warp_ok = max_visible <= kWarpSelectMaxRow && topk <= kWarpSelectMaxTopk;
   int64_t P = 64;

@@ -40,8 +40,30 @@ __device__ __forceinline__ uint32_t count_at_least(const uint32_t (&k)[kKeys], u
 
 __device__ __forceinline__ uint64_t pick_of(uint32_t k, uint32_t i) { return (uint64_t(k) << 32) | uint32_t(~i); }
 
+// One in-lane stage of the sort: registers e and e ^ JE (partners 32 JE apart) compare-exchanged,
+// descending where bit k of the element index is clear (k >= 64: one of e's bits).
+template <int E, int JE>
+__device__ __forceinline__ void swap_stage(uint64_t (&v)[E], int k) {
+  if constexpr (JE < E) {
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const int f = e ^ JE;
+      if (f < e) continue;
+      const bool desc = (e & (k >> 5)) == 0;
+      if ((v[e] < v[f]) == desc) {
+        const uint64_t a = v[e];
+        v[e] = v[f];
+        v[f] = a;
+      }
+    }
+  }
+}
+
 // Sorts the warp's kk picks (buf[0, kk)) descending, E a lane (element x = 32 e + lane), and
-// writes out[0, topk): the picks' indices, then -1. Not inlined: its own register allocation
+// writes out[0, topk): the picks' indices, then -1. The network's stages are a rolled loop over
+// unrolled registers (580 KB of cubin for the five sizes fully unrolled, 204 KB rolled): on an H100
+// a lone warp's row of 2048 / 512 entries 46 / 23 -> 40 / 15 us, 8192 causal rows of <= 2048
+// entries 200 -> 163 us (bench/NOTES.md steps 34-35). Not inlined: its own register allocation
 // (inlined, the kernel spilled 144 bytes at its 128 registers; apart, neither spills).
 template <int E>
 __device__ __noinline__ void sort_and_write(const uint64_t* buf, uint32_t kk, int64_t topk, int32_t* out, int lane) {
@@ -49,21 +71,16 @@ __device__ __noinline__ void sort_and_write(const uint64_t* buf, uint32_t kk, in
   uint64_t v[E];
 #pragma unroll
   for (int e = 0; e < E; ++e) v[e] = 32u * e + lane < kk ? buf[32 * e + lane] : 0;  // 0 pads sort last
-#pragma unroll
+#pragma unroll 1
   for (int k = 2; k <= P; k <<= 1) {
-#pragma unroll
+#pragma unroll 1
     for (int j = k >> 1; j > 0; j >>= 1) {
       if (j >= 32) {  // partner in this lane: register e ^ (j / 32)
-#pragma unroll
-        for (int e = 0; e < E; ++e) {
-          const int f = e ^ (j >> 5);
-          if (f < e) continue;
-          const bool desc = (e & (k >> 5)) == 0;  // k >= 64 here: its bit is one of e's
-          if ((v[e] < v[f]) == desc) {
-            const uint64_t a = v[e];
-            v[e] = v[f];
-            v[f] = a;
-          }
+        switch (j >> 5) {
+          case 1: swap_stage<E, 1>(v, k); break;
+          case 2: swap_stage<E, 2>(v, k); break;
+          case 4: swap_stage<E, 4>(v, k); break;
+          default: swap_stage<E, 8>(v, k); break;
         }
       } else {  // partner in lane ^ j, same register
         const bool lower = (lane & j) == 0;
@@ -71,8 +88,7 @@ __device__ __noinline__ void sort_and_write(const uint64_t* buf, uint32_t kk, in
         for (int e = 0; e < E; ++e) {
           const uint64_t o = __shfl_xor_sync(kFull, v[e], j);
           const bool desc = ((32 * e + lane) & k) == 0;
-          const bool keep_max = lower == desc;
-          if ((o > v[e]) == keep_max) v[e] = o;
+          if ((o > v[e]) == (lower == desc)) v[e] = o;
         }
       }
     }
