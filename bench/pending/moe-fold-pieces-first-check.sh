@@ -5,14 +5,13 @@
 # word's first use and at the pieces'). Same loads, same bytes: the outputs cannot change.
 # ptxas (W kernels): down's spills 32 / 60 -> 56 / 64 bytes, gate/up 100 / 20 -> 96 / 16 (+ 32 in
 # the out-of-line rounded fold); the other kernels' counts unchanged.
-# Before: `BUILD=/tmp/lb scripts/prebuild.sh bench_linear dsv4`, then `mkdir -p /tmp/m && tar -xzf
-# .prebuilt/p.tgz -C /tmp/m && mv /tmp/m/bench/bench_linear /tmp/m/bench_linear_main && mv
-# /tmp/m/tools/dsv4 /tmp/m/dsv4_main && tar -czf .prebuilt2.tgz -C /tmp/m bench_linear_main
-# dsv4_main && mkdir -p .prebuilt2 && mv .prebuilt2.tgz .prebuilt2/main.tgz`; `git apply` the patch;
-# `scripts/prebuild.sh bench_linear cuda_moe_test dsv4`; run this with carry [".prebuilt",
-# ".prebuilt2"] (~120 s). Land if moe passes and 8192 tokens drops (main 5963-6005 us, step 35).
+# Before: as step35-combined-check.sh's header (which runs this check and the decode-size select
+# measurement in one call); this script alone needs cuda_moe_test, bench_linear and dsv4 in
+# .prebuilt/p.txz and main's bench_linear_main, dsv4_main in .prebuilt2/main.txz; carry
+# [".prebuilt", ".prebuilt2"] (~120 s). Land if moe passes and 8192 tokens drops (main 5963-6005
+# us, step 35).
 set -u
-B=/tmp/b; mkdir -p $B /tmp/m; tar -xzf .prebuilt/p.tgz -C $B; tar -xzf .prebuilt2/main.tgz -C /tmp/m
+B=/tmp/b; mkdir -p $B /tmp/m; tar -xJf .prebuilt/p.txz -C $B; tar -xJf .prebuilt2/main.txz -C /tmp/m
 timeout 120 $B/tests/cuda/cuda_moe_test > $OUT/moe.log 2>&1
 echo "moe rc=$? $(grep -E '^\[  (PASSED|FAILED)' $OUT/moe.log | tr '\n' ' ')"; grep -E "FAILED  \]" $OUT/moe.log | head -6
 for i in 1 2 3; do for b in /tmp/m/bench_linear_main $B/bench/bench_linear; do
