@@ -100,17 +100,20 @@ __device__ __noinline__ void fold_rounded(const Stage& st, int s, int lr, int h,
   }
 }
 
-// This thread's part of its row of a stage's block, folded into the stage's A operand.
+// This thread's part of its row of a stage's block, folded into the stage's A operand. The pieces
+// are loaded with the E8M0 word, ahead of the branch on it: loaded after it, the producer waited
+// out two shared-memory round trips a block (ncu, bench/NOTES.md step 35: short_sb stalls at the
+// word's first use and again at the pieces').
 template <int G>
 __device__ __forceinline__ void fold(Stage& st, int s, int lr, int h, const RowBase& rb) {
+  uint4 v[Roles<G>::kPieces];
+  load_pieces<G>(st, s, lr, h, v);
   const uint32_t e = st.e[s][lr][h];
   uint8_t* dst = st.a[s] + lr * 128;
   if (__builtin_expect(needs_rounding(rb, e), 0)) {
     fold_rounded<G>(st, s, lr, h, rb.base, e, dst);
     return;
   }
-  uint4 v[Roles<G>::kPieces];
-  load_pieces<G>(st, s, lr, h, v);
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     uint32_t lo, hi;
