@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Device check of bench/pending/moe-two-rings.patch (step 36, compiled, not run): the persistent
+# FP8 experts' copies and folded weights in two rings (5 raw entries, 3 folded; three blocks'
+# copies ahead of the fold instead of two), with the knobs DSV4_MOE_AHEAD (1-3; 2 = the old
+# depth on the new rings) and DSV4_MOE_WPF (weight tile blocks asked of L2 that many blocks past
+# the copies). Outputs bitwise those of the wide kernels by construction (same operand bytes).
+# Before (here, ~4 min of builds; xz keeps the carry near 40 MB):
+#   BUILD=/tmp/lb ninja bench_linear dsv4 on main, stripped as bench_linear_main, dsv4_main in
+#   .prebuilt2/main.txz; git apply bench/pending/moe-two-rings.patch; BUILD=/tmp/lb
+#   scripts/prebuild.sh bench_linear cuda_moe_test dsv4; gunzip -c .prebuilt/p.tgz | xz > .prebuilt/p.txz
+# then run this with carry [".prebuilt", ".prebuilt2"] (~200 s). Land if moe passes, memcheck and
+# racecheck are clean and 8192 tokens drops against main's binary (step 36: 5758-5846 us).
+set -u
+B=/tmp/b; mkdir -p $B /tmp/m; tar -xJf .prebuilt/p.txz -C $B; tar -xJf .prebuilt2/main.txz -C /tmp/m
+for env in "DSV4_MOE_AHEAD=0" "DSV4_MOE_AHEAD=1 DSV4_MOE_WPF=4" "DSV4_MOE_AHEAD=2"; do
+  env $env timeout 150 $B/tests/cuda/cuda_moe_test > $OUT/moe.log 2>&1
+  echo "moe [$env] rc=$? $(grep -E '^\[  (PASSED|FAILED)' $OUT/moe.log | tr '\n' ' ')"; grep -E "FAILED  \]" $OUT/moe.log | head -4
+done
+for tool in memcheck racecheck; do
+  timeout 240 compute-sanitizer --tool $tool --error-exitcode 3 $B/tests/cuda/cuda_moe_test \
+    --gtest_filter='*PersistentMatchesWide*' > $OUT/$tool.log 2>&1
+  echo "$tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' $OUT/$tool.log | head -2 | tr '\n' ' ')"
+done
+run() { env "$@" BENCH_MOE_TOKENS=4096,8192 BENCH_MOE_VARIANT=persistent timeout 60 "${BIN:-$B/bench/bench_linear}" moe 2>&1 | grep -E 'fast packed' | awk '{for(i=1;i<=NF;i++) if($i=="us"){printf "%s ", $(i-1); break}}'; }
+for i in 1 2; do
+  echo "main: $(BIN=/tmp/m/bench_linear_main run X=0)"
+  for v in "0 0" "2 0" "0 2" "0 4"; do set -- $v; echo "two rings ahead=$1 wpf=$2: $(run DSV4_MOE_AHEAD=$1 DSV4_MOE_WPF=$2)"; done
+done
+for i in 1 2; do for b in /tmp/m/dsv4_main $B/tools/dsv4; do
+  echo "$(basename $b): $(timeout 60 $b bench --preset v4-flash --layers 8 --random-weights --batches 1 --prefill 8192 2>&1 | grep -E '^(prefill|1 )' | cut -c1-50 | tr '\n' ' ')"
+done; done
