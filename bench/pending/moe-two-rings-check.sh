@@ -4,13 +4,16 @@
 # copies ahead of the fold instead of two), with the knobs DSV4_MOE_AHEAD (1-3; 2 = the old
 # depth on the new rings) and DSV4_MOE_WPF (weight tile blocks asked of L2 that many blocks past
 # the copies). Outputs bitwise those of the wide kernels by construction (same operand bytes).
-# Before (here, ~4 min of builds; xz keeps the carry near 40 MB):
+# Before (here, ~5 min of builds; xz keeps the carry near 46 MB):
 #   BUILD=/tmp/lb ninja bench_linear dsv4 on main, stripped as bench_linear_main, dsv4_main in
 #   .prebuilt2/main.txz; git apply bench/pending/moe-two-rings.patch; BUILD=/tmp/lb
 #   scripts/prebuild.sh bench_linear cuda_moe_test dsv4; gunzip -c .prebuilt/p.tgz | xz > .prebuilt/p.txz
-# then run this with carry [".prebuilt", ".prebuilt2"] (~250 s, up to ~400 with the sanitizers). Land if moe passes, memcheck and
-# racecheck are clean and 8192 tokens drops against main's binary (step 36: 5758-5846 us). Its last
-# part times decode with the 1024-thread select blocks forced (form_by_size: widen their case if b1 / b64 drop).
+#   (and for the ablation part: moe-two-rings-ablate.patch instead, bench_linear stripped as
+#   bench_linear_abl in .prebuilt3/abl.txz)
+# then run this with carry [".prebuilt", ".prebuilt2", ".prebuilt3"] (~280 s, up to ~430 with the
+# sanitizers, which run last). Land if moe passes, memcheck and racecheck are clean and 8192 tokens
+# drops against main's binary (step 36: 5758-5846 us). It also times decode with the 1024-thread
+# select blocks forced (form_by_size: widen their case if b1 / b64 drop).
 set -u
 B=/tmp/b; mkdir -p $B /tmp/m; tar -xJf .prebuilt/p.txz -C $B; tar -xJf .prebuilt2/main.txz -C /tmp/m
 for env in "DSV4_MOE_AHEAD=0" "DSV4_MOE_AHEAD=1 DSV4_MOE_WPF=4" "DSV4_MOE_AHEAD=2"; do
@@ -22,6 +25,13 @@ for i in 1 2; do
   echo "main: $(BIN=/tmp/m/bench_linear_main run X=0)"
   for v in "0 0" "2 0" "0 2" "0 4"; do set -- $v; echo "two rings ahead=$1 wpf=$2: $(run DSV4_MOE_AHEAD=$1 DSV4_MOE_WPF=$2)"; done
 done
+# The two-ring kernels taken apart as step 36's ablation took main's (moe-two-rings-ablate.patch,
+# .prebuilt3/abl.txz; bits 1 fold, 2 codes' copies, 4 wgmma + promotion off; 15 leaves the
+# weights' copies and the barriers): what bounds them now.
+if [[ -f .prebuilt3/abl.txz ]]; then
+  tar -xJf .prebuilt3/abl.txz -C /tmp/m
+  for n in 0 1 2 4 5 15; do echo "two rings abl $n: $(BIN=/tmp/m/bench_linear_abl run DSV4_MOE_ABLATE=$n)"; done
+fi
 for i in 1 2; do for b in /tmp/m/dsv4_main $B/tools/dsv4; do
   echo "$(basename $b): $(timeout 60 $b bench --preset v4-flash --layers 8 --random-weights --batches 1 --prefill 8192 2>&1 | grep -E '^(prefill|1 )' | cut -c1-50 | tr '\n' ' ')"
 done; done
